@@ -1,0 +1,104 @@
+"""Every ``HPCDIST_*`` environment knob, read in one place.
+
+Knobs are read when asked for (never at import time), so a program may set
+``os.environ`` before calling :func:`hpcdist.init_process_group`.
+
+===============================  ===========================================
+``HPCDIST_TIMEOUT``              default timeout of blocking operations, in
+                                 seconds (default 1800, as torch's gloo)
+``HPCDIST_ABORT_ON_EXCEPTION``   ``1`` (default): an unhandled exception on a
+                                 rank calls ``MPI_Abort`` so the job ends
+                                 instead of hanging; ``0`` turns that off
+``HPCDIST_CUDA_AWARE``           ``1``/``0``: override the CUDA-aware MPI
+                                 detection
+``HPCDIST_DEBUG``                ``OFF`` | ``INFO`` | ``DETAIL`` (falls back
+                                 to ``TORCH_DISTRIBUTED_DEBUG``)
+``HPCDIST_STORE_SECRET``         the shared secret of the TCP store
+``HPCDIST_STORE_SECRET_FILE``    a file (mode 0600) holding that secret
+``HPCDIST_OBJECT_UNPICKLER``     ``full`` (default) or ``restricted``: what
+                                 object collectives may unpickle
+===============================  ===========================================
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+__all__ = [
+    "KNOBS",
+    "abort_on_exception",
+    "cuda_aware_override",
+    "debug_level",
+    "default_timeout",
+    "env_flag",
+    "object_unpickler",
+]
+
+#: name -> one-line description, for ``hpcdist info`` and the docs.
+KNOBS: dict[str, str] = {
+    "HPCDIST_TIMEOUT": "default timeout of blocking operations in seconds (1800)",
+    "HPCDIST_ABORT_ON_EXCEPTION": "1: MPI_Abort on an unhandled exception (default); 0: off",
+    "HPCDIST_CUDA_AWARE": "1/0: force CUDA-aware MPI detection on or off",
+    "HPCDIST_DEBUG": "OFF | INFO | DETAIL (else TORCH_DISTRIBUTED_DEBUG)",
+    "HPCDIST_STORE_SECRET": "shared secret of the TCP store (HMAC-SHA256)",
+    "HPCDIST_STORE_SECRET_FILE": "file (0600) holding the TCP store secret",
+    "HPCDIST_OBJECT_UNPICKLER": "full (default) | restricted",
+}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def env_flag(name: str, default: bool | None) -> bool | None:
+    """Read a boolean knob; ``default`` when unset; ValueError when garbled."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"environment variable {name} must be one of 1/0/true/false/yes/no/on/off, got {raw!r}")
+
+
+def default_timeout() -> timedelta:
+    """The default timeout of blocking operations (``HPCDIST_TIMEOUT`` seconds)."""
+    raw = os.environ.get("HPCDIST_TIMEOUT")
+    if raw is None or raw.strip() == "":
+        return timedelta(minutes=30)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable HPCDIST_TIMEOUT must be a number of seconds, got {raw!r}") from None
+    if seconds <= 0:
+        raise ValueError(f"environment variable HPCDIST_TIMEOUT must be > 0 seconds, got {raw!r}")
+    return timedelta(seconds=seconds)
+
+
+def abort_on_exception() -> bool:
+    """Whether an unhandled exception on one rank aborts the whole MPI job."""
+    return bool(env_flag("HPCDIST_ABORT_ON_EXCEPTION", True))
+
+
+def cuda_aware_override() -> bool | None:
+    """``HPCDIST_CUDA_AWARE`` as a bool, or None when unset."""
+    return env_flag("HPCDIST_CUDA_AWARE", None)
+
+
+def debug_level() -> str:
+    """``OFF``, ``INFO`` or ``DETAIL``."""
+    raw = os.environ.get("HPCDIST_DEBUG") or os.environ.get("TORCH_DISTRIBUTED_DEBUG") or "OFF"
+    level = raw.strip().upper()
+    if level not in ("OFF", "INFO", "DETAIL"):
+        raise ValueError(f"HPCDIST_DEBUG must be OFF, INFO or DETAIL, got {raw!r}")
+    return level
+
+
+def object_unpickler() -> str:
+    """``full`` or ``restricted``: what object collectives may unpickle."""
+    raw = os.environ.get("HPCDIST_OBJECT_UNPICKLER", "full").strip().lower()
+    if raw not in ("full", "restricted"):
+        raise ValueError(f"HPCDIST_OBJECT_UNPICKLER must be 'full' or 'restricted', got {raw!r}")
+    return raw

@@ -1,0 +1,108 @@
+"""Run every stage of the test suite with a hard time limit each.
+
+Stages: lint (ruff), types (mypy), unit tests, MPI tests under ``mpiexec`` at
+1, 2, 3 and 4 ranks, integration tests (they launch their own processes),
+GPU tests (skip without a GPU), the Sphinx docs with warnings as errors.
+Prints one closing line ``N passed, N failed, N skipped`` summed over the
+pytest stages; exits non-zero when any stage failed.
+
+Usage: python tests/run_all.py [--only STAGE[,STAGE]] [--ranks 1,2,3,4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def _pytest_stage(name, cmd, xml, limit):
+    return (name, cmd, xml, limit)
+
+
+def stages(ranks: list[int], tmp: Path) -> list[tuple[str, list[str], Path | None, int]]:
+    out: list[tuple[str, list[str], Path | None, int]] = [
+        ("ruff", [PY, "-m", "ruff", "check", "hpcdist", "tests", "examples", "benchmarks", "jobs"], None, 120),
+        ("mypy", [PY, "-m", "mypy", "hpcdist"], None, 300),
+        ("unit", [PY, "-m", "pytest", "-q", "tests/unit", f"--junitxml={tmp / 'unit.xml'}"], tmp / "unit.xml", 600),
+    ]
+    mpiexec = shutil.which("mpiexec") or "mpiexec"
+    for n in ranks:
+        xml = tmp / f"mpi{n}.xml"
+        cmd = [mpiexec, "-n", str(n), PY, str(ROOT / "tests" / "mpi_pytest.py"), "-q", "tests/mpi", f"--junitxml={xml}"]
+        out.append((f"mpi-{n}", cmd, xml, 600))
+    out.append(("integration", [PY, "-m", "pytest", "-q", "tests/integration", f"--junitxml={tmp / 'integ.xml'}"], tmp / "integ.xml", 1200))
+    out.append(("gpu", [PY, "-m", "pytest", "-q", "tests/gpu", f"--junitxml={tmp / 'gpu.xml'}"], tmp / "gpu.xml", 600))
+    if (ROOT / "docs" / "conf.py").exists():
+        out.append(("docs", [PY, "-m", "sphinx", "-q", "-W", "--keep-going", "-b", "html", "docs", str(tmp / "html")], None, 300))
+    return out
+
+
+def count(xml: Path) -> tuple[int, int, int]:
+    """(passed, failed, skipped) from a JUnit XML file."""
+    if not xml.exists():
+        return (0, 1, 0)
+    root = ET.parse(xml).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    tests = failed = skipped = 0
+    for s in suites:
+        tests += int(s.get("tests", 0))
+        failed += int(s.get("failures", 0)) + int(s.get("errors", 0))
+        skipped += int(s.get("skipped", 0))
+    return (tests - failed - skipped, failed, skipped)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="", help="comma-separated stage names (prefix match)")
+    ap.add_argument("--ranks", default="1,2,3,4")
+    args = ap.parse_args()
+    ranks = [int(x) for x in args.ranks.split(",") if x]
+    only = [s for s in args.only.split(",") if s]
+    env = dict(os.environ)
+    env.setdefault("HPCDIST_TIMEOUT", "120")  # a mismatched collective in a test fails, never hangs
+    env["PYTHONUNBUFFERED"] = "1"
+    tot = [0, 0, 0]
+    bad: list[str] = []
+    t_all = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="hpcdist-ci-") as td:
+        tmp = Path(td)
+        for name, cmd, xml, limit in stages(ranks, tmp):
+            if only and not any(name.startswith(o) for o in only):
+                continue
+            t0 = time.monotonic()
+            print(f"\n===== stage {name}: {' '.join(cmd[:6])} ... (limit {limit}s)", flush=True)
+            try:
+                rc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=limit).returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+                print(f"===== stage {name} ran past its {limit}s limit", flush=True)
+            dt = time.monotonic() - t0
+            if xml is not None:
+                p, f, s = count(xml)
+                if rc == 5 and p + f + s == 0:  # pytest: no tests collected
+                    rc = 0
+                tot[0] += p
+                tot[1] += f
+                tot[2] += s
+                print(f"===== stage {name}: rc={rc} {p} passed, {f} failed, {s} skipped in {dt:.0f}s", flush=True)
+            else:
+                print(f"===== stage {name}: rc={rc} in {dt:.0f}s", flush=True)
+            if rc != 0:
+                bad.append(name)
+    print(f"\nstages failed: {', '.join(bad) or 'none'}; total time {time.monotonic() - t_all:.0f}s")
+    print(f"{tot[0]} passed, {tot[1]} failed, {tot[2]} skipped")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
