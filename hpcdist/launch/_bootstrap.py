@@ -1,0 +1,238 @@
+"""Per-rank bootstrap: ``python -m hpcdist.launch._bootstrap [OPTIONS] -- PROGRAM``.
+
+``hpcdist run`` starts this module on every rank instead of the user's
+program, because Hydra's ``mpiexec`` cannot give each rank its own
+environment. It:
+
+1. reads rank, size and locality from the launcher's variables (``PMI_RANK``,
+   ``SLURM_PROCID``, ``OMPI_COMM_WORLD_RANK``, ...) and sets torchrun's
+   ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` (and
+   ``MASTER_ADDR``/``MASTER_PORT`` when the launcher did not pass them);
+2. optionally prefixes every line this rank prints with ``[rank N] ``;
+3. runs ``script.py args...`` or ``-m module args...`` with :mod:`runpy`, as
+   ``python script.py`` would (``sys.argv``, ``sys.path[0]``, ``__main__``);
+4. on an unhandled exception prints the traceback once, each line prefixed
+   ``[rank N] `` (through hpcdist's own hook when ``init_process_group``
+   installed it), records the failure for ``hpcdist run``'s summary, and ends
+   the job (``MPI_Abort`` when MPI is initialised, else exit status 1, which
+   the launcher turns into the end of the job).
+
+PROGRAM is ``script.py [args...]`` or ``-m module [args...]``. OPTIONS:
+``--prefix-output``, ``--status-dir DIR`` (where a failing rank writes
+``rank-N.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import MutableMapping
+from pathlib import Path
+from types import TracebackType
+from typing import TextIO
+
+from hpcdist.launch.ranks import RankInfo, rank_info
+
+_OWN_MODULES = {"runpy", "hpcdist.launch._bootstrap"}
+
+
+class PrefixWriter:
+    """A text stream that starts every line with ``prefix`` (unless it already does).
+
+    Whole lines go to the wrapped stream in one write, so lines of different
+    ranks do not interleave mid-line; a partial line goes out on ``flush()``
+    (a progress bar's ``\r`` updates do).
+    """
+
+    def __init__(self, stream: TextIO, prefix: str) -> None:
+        self._stream = stream
+        self._prefix = prefix
+        self._pending = ""
+        self._at_line_start = True
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        if "\n" in self._pending:
+            head, _, self._pending = self._pending.rpartition("\n")
+            self._emit(head + "\n")
+            self._stream.flush()
+        return len(text)
+
+    def _emit(self, text: str) -> None:
+        out = []
+        for piece in text.splitlines(keepends=True):
+            if self._at_line_start and not piece.startswith(self._prefix):
+                out.append(self._prefix)
+            out.append(piece)
+            self._at_line_start = piece.endswith("\n")
+        self._stream.write("".join(out))
+
+    def flush(self) -> None:
+        if self._pending:
+            self._emit(self._pending)
+            self._pending = ""
+        self._stream.flush()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self) -> str:
+        return self._stream.encoding
+
+    @property
+    def errors(self) -> str | None:
+        return self._stream.errors
+
+
+def _parse(argv: list[str]) -> tuple[dict[str, str | bool], list[str]]:
+    opts: dict[str, str | bool] = {"prefix_output": False, "status_dir": ""}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return opts, argv[i + 1 :]
+        if arg == "--prefix-output":
+            opts["prefix_output"] = True
+        elif arg == "--status-dir" and i + 1 < len(argv):
+            opts["status_dir"] = argv[i + 1]
+            i += 1
+        else:
+            return opts, argv[i:]
+        i += 1
+    return opts, []
+
+
+def _first_slurm_host(env: MutableMapping[str, str]) -> str | None:
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        return None
+    from hpcdist.launch.hostlist import expand_hostlist
+
+    hosts = expand_hostlist(nodelist)
+    return hosts[0] if hosts else None
+
+
+def set_torchrun_env(info: RankInfo, env: MutableMapping[str, str] | None = None) -> None:
+    """Set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``; default ``MASTER_*``."""
+    env = os.environ if env is None else env
+    env["RANK"] = str(info.rank)
+    env["WORLD_SIZE"] = str(info.size)
+    env["LOCAL_RANK"] = str(info.local_rank)
+    env["LOCAL_WORLD_SIZE"] = str(info.local_size)
+    if not env.get("MASTER_ADDR"):
+        env["MASTER_ADDR"] = _first_slurm_host(env) or "127.0.0.1"
+    if not env.get("MASTER_PORT"):
+        job = env.get("SLURM_JOB_ID", "")
+        env["MASTER_PORT"] = str(20000 + int(job) % 20000) if job.isdigit() else "29500"
+
+
+def _trim(tb: TracebackType | None) -> TracebackType | None:
+    """Drop the bootstrap's and runpy's own frames from the top of ``tb``."""
+    while tb is not None and (
+        tb.tb_frame.f_globals.get("__name__") in _OWN_MODULES
+        or os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(__file__)
+    ):
+        tb = tb.tb_next
+    return tb
+
+
+def _record(status_dir: str, rank: int, exc: BaseException | None, code: object = None) -> None:
+    if not status_dir:
+        return
+    what = f"{type(exc).__name__}: {exc}" if exc is not None else f"exited with status {code}"
+    try:
+        Path(status_dir, f"rank-{rank}.json").write_text(
+            json.dumps({"rank": rank, "error": what.splitlines()[0][:300]})
+        )
+    except OSError:
+        pass  # a remote node without the launcher's /tmp: the summary line is a nicety
+
+
+def _mpi_initialized() -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        return False
+    try:
+        return bool(mpi.Is_initialized() and not mpi.Is_finalized())
+    except Exception:
+        return False
+
+
+def _abort_wanted() -> bool:
+    from hpcdist.config import env_flag
+
+    try:
+        return env_flag("HPCDIST_ABORT_ON_EXCEPTION", True) is not False
+    except ValueError:
+        return True
+
+
+def _report(exc: BaseException, info: RankInfo) -> None:
+    """Print the traceback once, prefixed; then end the job."""
+    tb = _trim(exc.__traceback__)
+    if sys.excepthook is not sys.__excepthook__:
+        # hpcdist's hook (installed by init_process_group) prints with [rank N] and aborts
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+    else:
+        prefix = f"[rank {info.rank}] "
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+        sys.stderr.write("".join(ln if ln.startswith(prefix) else prefix + ln for ln in text.splitlines(keepends=True)))
+    sys.stderr.flush()
+    sys.stdout.flush()
+    if _mpi_initialized() and _abort_wanted():
+        mpi = sys.modules["mpi4py.MPI"]
+        mpi.COMM_WORLD.Abort(1)
+    os._exit(1)
+
+
+def run_program(program: list[str]) -> None:
+    """Run ``script args...`` or ``-m module args...`` as ``python`` would."""
+    if program[0] == "-m":
+        if len(program) < 2:
+            raise SystemExit("hpcdist bootstrap: -m needs a module name")
+        sys.argv = [program[1], *program[2:]]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(program[1], run_name="__main__", alter_sys=True)
+    else:
+        script = program[0]
+        sys.argv = [script, *program[1:]]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        runpy.run_path(script, run_name="__main__")
+
+
+def main(argv: list[str] | None = None) -> None:
+    opts, program = _parse(sys.argv[1:] if argv is None else argv)
+    if not program:
+        raise SystemExit("hpcdist bootstrap: missing program (script.py or -m module)")
+    info = rank_info()
+    set_torchrun_env(info)
+    if opts["prefix_output"]:
+        sys.stdout = PrefixWriter(sys.stdout, f"[rank {info.rank}] ")  # type: ignore[assignment]
+        sys.stderr = PrefixWriter(sys.stderr, f"[rank {info.rank}] ")  # type: ignore[assignment]
+    status_dir = str(opts["status_dir"])
+    try:
+        run_program(program)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            _record(status_dir, info.rank, None, exc.code)
+        raise
+    except BaseException as exc:
+        _record(status_dir, info.rank, exc)
+        _report(exc, info)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    main()

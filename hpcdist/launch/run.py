@@ -1,0 +1,308 @@
+"""``hpcdist run``: launch N ranks of a script or module with the MPI in use.
+
+::
+
+    hpcdist run -n 4 train.py --epochs 3
+    hpcdist run -n 8 --hosts node[01-02] -m mypkg.train
+    hpcdist run -n 2 --prefix-output --timeout 60 job.py
+
+Every rank runs ``python -m hpcdist.launch._bootstrap ... -- PROGRAM``, which
+sets torchrun's variables for that rank and runs the program. When a rank
+fails, its traceback is printed once (prefixed ``[rank N]``), the job ends and
+``hpcdist run`` exits non-zero with one summary line. Bad input prints one line
+``hpcdist run: ...`` on stderr and exits 2; a launcher that cannot start, 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcdist.launch.launchers import LaunchError, LaunchSpec, parse_hosts, read_hostfile, select_launcher
+
+__all__ = ["RunOptions", "UsageError", "build_command", "main", "parse_args"]
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# after a rank reported a failure, how long the launcher may take to end the job by itself
+_FAILURE_GRACE_S = 3.0
+
+
+class UsageError(ValueError):
+    """Bad ``hpcdist run`` arguments; the message names the argument."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(message)
+
+
+@dataclass
+class RunOptions:
+    nprocs: int
+    program: list[str]  # ["script.py", *args] or ["-m", "module", *args]
+    hosts: list[str]
+    hostfile: str | None
+    prefix_output: bool
+    mpiexec: str | None
+    launcher: str
+    launcher_args: list[str]
+    srun_mpi: str
+    timeout: float | None
+    dry_run: bool
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="hpcdist run", description="Launch N ranks of a Python script or module with MPI (or srun).")
+    p.add_argument("-n", "--nprocs", "-np", dest="nprocs", default="1", help="number of ranks (default 1)")
+    p.add_argument("--hosts", action="append", default=[], help="hosts, a comma list or hostlist (node[01-04])")
+    p.add_argument("--hostfile", help="a hostfile as the launcher reads it (host or host:slots lines)")
+    p.add_argument("--prefix-output", action="store_true", help="start every output line with [rank N]")
+    p.add_argument("--mpiexec", help="the mpiexec to use (default: next to python, else on PATH)")
+    p.add_argument("--launcher", default="auto", help="auto (default), mpiexec, srun, hydra, openmpi, generic")
+    p.add_argument(
+        "--launcher-arg", dest="launcher_args", action="append", default=[], help="pass one argument to the launcher"
+    )
+    p.add_argument("--srun-mpi", default="pmi2", help="srun --mpi= type (default pmi2, which the embedded MPICH needs)")
+    p.add_argument("--timeout", help="end the job after this many seconds (exit 124)")
+    p.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
+    p.add_argument("-m", dest="module", help="run a module, like python -m")
+    return p
+
+
+# options of `hpcdist run` that take a value (so the next token is not the program)
+_VALUE_OPTS = {
+    "-n",
+    "-np",
+    "--nprocs",
+    "--hosts",
+    "--hostfile",
+    "--mpiexec",
+    "--launcher",
+    "--launcher-arg",
+    "--srun-mpi",
+    "--timeout",
+}
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split ``argv`` into hpcdist's options and the program (``script args`` or ``-m mod args``).
+
+    The first token that is not one of our options starts the program, so the
+    program's own options (``-n 3`` included) are never read as ours.
+    """
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            return argv[:i], argv[i + 1 :]
+        if tok == "-m":
+            if i + 1 >= len(argv):
+                raise UsageError("-m: expected a module name, got nothing")
+            return argv[:i], ["-m", *argv[i + 1 :]]
+        if tok.startswith("-m") and not tok.startswith("--"):
+            return argv[:i], ["-m", tok[2:], *argv[i + 1 :]]
+        if not tok.startswith("-") or tok == "-":
+            return argv[:i], argv[i:]
+        if tok in _VALUE_OPTS:
+            i += 2
+            continue
+        i += 1
+    return argv, []
+
+
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UsageError(f"{name}: expected an integer >= 1, got {raw!r}") from None
+    if value < 1:
+        raise UsageError(f"{name}: expected an integer >= 1, got {value}")
+    return value
+
+
+def parse_args(argv: list[str]) -> RunOptions:
+    """Parse ``hpcdist run`` arguments; raise :class:`UsageError` on bad input."""
+    head, program = _split(list(argv))
+    ns = _parser().parse_args(head)
+    if ns.module:
+        program = ["-m", ns.module, *program]
+    nprocs = _positive_int("-n/--nprocs", ns.nprocs)
+    if not program:
+        raise UsageError("missing program: expected a script path or -m module after the options")
+    if program[0] != "-m" and not Path(program[0]).is_file():
+        raise UsageError(f"script {program[0]!r} not found (cwd {os.getcwd()})")
+    timeout = None
+    if ns.timeout is not None:
+        try:
+            timeout = float(ns.timeout)
+        except ValueError:
+            raise UsageError(f"--timeout: expected a number of seconds > 0, got {ns.timeout!r}") from None
+        if timeout <= 0:
+            raise UsageError(f"--timeout: expected a number of seconds > 0, got {ns.timeout!r}")
+    if ns.hosts and ns.hostfile:
+        raise UsageError("--hosts and --hostfile: expected one of them, got both")
+    try:
+        hosts = parse_hosts(ns.hosts)
+    except LaunchError as exc:
+        raise UsageError(str(exc)) from None
+    return RunOptions(
+        nprocs=nprocs,
+        program=program,
+        hosts=hosts,
+        hostfile=ns.hostfile,
+        prefix_output=ns.prefix_output,
+        mpiexec=ns.mpiexec,
+        launcher=ns.launcher,
+        launcher_args=ns.launcher_args,
+        srun_mpi=ns.srun_mpi,
+        timeout=timeout,
+        dry_run=ns.dry_run,
+    )
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _master(opts: RunOptions, launcher_name: str, env: Mapping[str, str]) -> tuple[str, str]:
+    """``(MASTER_ADDR, MASTER_PORT)``: the user's when set; else the first host and a port."""
+    hosts = opts.hosts or (read_hostfile(opts.hostfile) if opts.hostfile else [])
+    if not hosts and launcher_name == "srun" and env.get("SLURM_JOB_NODELIST"):
+        from hpcdist.launch.hostlist import expand_hostlist
+
+        hosts = expand_hostlist(env["SLURM_JOB_NODELIST"])[:1]
+    local = {"localhost", "127.0.0.1", socket.gethostname(), socket.gethostname().split(".")[0]}
+    addr = env.get("MASTER_ADDR") or (hosts[0] if hosts else "127.0.0.1")
+    port = env.get("MASTER_PORT") or str(_free_port() if addr in local else 29500)
+    return addr, port
+
+
+def build_command(
+    opts: RunOptions, env: Mapping[str, str], status_dir: str | None = None, python: str | None = None, **select_kw
+) -> tuple[list[str], dict[str, str]]:
+    """The launcher's argument list and the environment it runs with."""
+    launcher, exe = select_launcher(opts.launcher, opts.mpiexec, env, python=python, **select_kw)
+    boot = [python or sys.executable, "-m", "hpcdist.launch._bootstrap"]
+    if opts.prefix_output:
+        boot.append("--prefix-output")
+    if status_dir:
+        boot += ["--status-dir", status_dir]
+    spec = LaunchSpec(
+        nprocs=opts.nprocs,
+        program=[*boot, "--", *opts.program],
+        hosts=opts.hosts,
+        hostfile=opts.hostfile,
+        export=["MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED", "PYTHONPATH"],
+        extra=opts.launcher_args,
+        srun_mpi=opts.srun_mpi,
+    )
+    cmd = launcher.build(exe, spec)
+    child_env = dict(env)
+    child_env["MASTER_ADDR"], child_env["MASTER_PORT"] = _master(opts, launcher.name, env)
+    child_env.setdefault("PYTHONUNBUFFERED", "1")  # see output as it happens, not at exit
+    # the ranks import hpcdist from where this one lives, also from a source tree not installed
+    pkg_root = Path(__file__).resolve().parents[2]
+    if pkg_root.name not in ("site-packages", "dist-packages"):
+        child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(pkg_root), env.get("PYTHONPATH", "")) if p)
+    return cmd, child_env
+
+
+def _failures(status_dir: str) -> list[dict]:
+    out = []
+    for path in sorted(Path(status_dir).glob("rank-*.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(out, key=lambda d: d.get("rank", 0))
+
+
+def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """SIGTERM the launcher (it forwards to the ranks), SIGKILL after ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _supervise(proc: subprocess.Popen, status_dir: str, timeout: float | None) -> tuple[int, str | None]:
+    """Wait for the launcher; end it on a reported failure or the timeout."""
+    start = time.monotonic()
+    failed_at: float | None = None
+    while True:
+        try:
+            rc = proc.wait(timeout=0.2)
+            return rc, None
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if failed_at is None and any(Path(status_dir).glob("rank-*.json")):
+            failed_at = now
+        if failed_at is not None and now - failed_at > _FAILURE_GRACE_S:
+            _stop(proc)  # a rank failed before MPI was up: the launcher may wait for the others forever
+            return (proc.returncode or 1), None
+        if timeout is not None and now - start > timeout:
+            _stop(proc)
+            return 124, f"timed out after {timeout:g} s; job ended"
+
+
+def execute(opts: RunOptions, env: Mapping[str, str] | None = None) -> int:
+    """Launch the job; return the exit status for ``hpcdist run``."""
+    env = os.environ if env is None else env
+    with tempfile.TemporaryDirectory(prefix="hpcdist-run-") as status_dir:
+        cmd, child_env = build_command(opts, env, status_dir)
+        if opts.dry_run:
+            print(shlex.join(cmd))
+            return 0
+        try:
+            proc = subprocess.Popen(cmd, env=child_env)
+        except OSError as exc:
+            raise LaunchError(f"cannot start launcher {cmd[0]!r}: {exc.strerror or exc}") from None
+        previous = signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+        try:
+            rc, note = _supervise(proc, status_dir, opts.timeout)
+        except KeyboardInterrupt:
+            _stop(proc)
+            return 130
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if rc < 0:
+            rc = 128 - rc
+        for fail in _failures(status_dir):
+            print(f"hpcdist run: rank {fail.get('rank')} failed: {fail.get('error')}", file=sys.stderr)
+        if note:
+            print(f"hpcdist run: {note}", file=sys.stderr)
+        elif rc != 0 and not _failures(status_dir):
+            print(f"hpcdist run: {Path(cmd[0]).name} exited with status {rc}", file=sys.stderr)
+        return rc
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``hpcdist run``; returns the exit status."""
+    try:
+        opts = parse_args(argv)
+    except UsageError as exc:
+        print(f"hpcdist run: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return execute(opts)
+    except LaunchError as exc:
+        print(f"hpcdist run: {exc}", file=sys.stderr)
+        return 1
