@@ -1,0 +1,249 @@
+"""``hpcdist info``: what a bug report needs, as text or ``--json``.
+
+Versions (hpcdist, Python, mpi4py, NumPy, torch, CuPy, NCCL, h5py), the MPI
+library (``MPI_Get_library_version``), whether it is the embedded one (the
+``mpich`` wheel) or a system MPI and where it lives, the ``mpiexec`` that
+``hpcdist run`` would use, the launcher that started this process, CUDA-aware
+MPI support and why, and the relevant environment variables.
+
+The MPI library is asked only what it can answer before ``MPI_Init``
+(``hpcdist info`` imports ``mpi4py.MPI`` with ``rc.initialize = False``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata as md
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["ENV_NAMES", "ENV_PREFIXES", "collect", "format_text", "main"]
+
+#: exact names of relevant variables (besides hpcdist's own knobs)
+ENV_NAMES = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "CUDA_VISIBLE_DEVICES",
+    "TORCH_DISTRIBUTED_DEBUG",
+    "LD_LIBRARY_PATH",
+)
+#: prefixes of relevant variables
+ENV_PREFIXES = ("HPCDIST_", "SLURM_", "PMI_", "PMIX_", "OMPI_", "MPI4PY_", "I_MPI_", "MPICH_", "MPIR_CVAR_")
+_SECRET_WORDS = ("SECRET", "TOKEN", "PASSWORD", "KEY")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _mpi(initialize: bool) -> dict[str, Any]:
+    """MPI library, its version, its file and whether it is the embedded wheel's."""
+    out: dict[str, Any] = {"mpi4py": _version("mpi4py")}
+    try:
+        import mpi4py
+
+        if "mpi4py.MPI" not in sys.modules and not initialize:
+            mpi4py.rc.initialize = False
+            mpi4py.rc.finalize = False
+        from mpi4py import MPI
+    except Exception as exc:  # an mpi4py without a loadable libmpi
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        return out
+    out["library_version"] = MPI.Get_library_version().strip()
+    out["standard"] = "{}.{}".format(*MPI.Get_version())
+    out["library_path"] = _loaded_libmpi()
+    out["embedded"] = _is_embedded(out["library_path"])
+    out["kind"] = "embedded (mpich wheel from PyPI)" if out["embedded"] else "system"
+    out["mpich_wheel"] = _version("mpich")
+    return out
+
+
+def _loaded_libmpi() -> str | None:
+    """The libmpi this process mapped (Linux: /proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1] if len(line.split()) >= 6 else ""
+                base = os.path.basename(path)
+                if base.startswith(("libmpi.so", "libmpich.so", "libmpi_", "impi.so", "libmpi_ibm")):
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+def _is_embedded(libpath: str | None) -> bool:
+    if not libpath or _version("mpich") is None:
+        return False
+    try:
+        files = md.distribution("mpich").files or []
+    except md.PackageNotFoundError:
+        return False
+    root = md.distribution("mpich").locate_file("")
+    real = os.path.realpath(libpath)
+    return any(os.path.realpath(str(root / f)) == real for f in files if "libmpi" in str(f))
+
+
+def _launcher(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    try:
+        from hpcdist.rendezvous.detect import detect_launcher, launcher_rank_size
+    except ImportError:
+        return {"detected": "unknown (hpcdist.rendezvous.detect not available)"}
+    out["detected"] = detect_launcher(env) or "none (not started by a launcher)"
+    rs = launcher_rank_size(env)
+    out["rank_size"] = list(rs) if rs else None
+    from hpcdist.launch.launchers import find_mpiexec
+
+    out["mpiexec"] = find_mpiexec()
+    import shutil
+
+    out["srun"] = shutil.which("srun")
+    out["slurm_allocation"] = env.get("SLURM_JOB_ID")
+    return out
+
+
+def _cuda_aware() -> dict[str, Any]:
+    """CUDA-aware MPI: asked of hpcdist's GPU support when it exists."""
+    try:
+        hpcdist = importlib.import_module("hpcdist")
+    except Exception as exc:
+        return {"cuda_aware": None, "why": f"unknown (import hpcdist failed: {exc})"}
+    probe: Callable[..., Any] | None = getattr(hpcdist, "cuda_aware", None)
+    if probe is None:
+        return {"cuda_aware": None, "why": "unknown (no GPU support module)"}
+    try:
+        result = probe()
+    except Exception as exc:
+        return {"cuda_aware": None, "why": f"unknown ({type(exc).__name__}: {exc})"}
+    if isinstance(result, tuple) and len(result) == 2:
+        return {"cuda_aware": bool(result[0]), "why": str(result[1])}
+    why = getattr(result, "reason", None) or getattr(result, "why", None)
+    return {"cuda_aware": bool(result), "why": str(why) if why else "as reported by hpcdist.cuda_aware()"}
+
+
+def _torch() -> dict[str, Any]:
+    version = _version("torch")
+    if version is None:
+        return {"version": None}
+    try:
+        import torch
+    except Exception as exc:
+        return {"version": version, "error": f"{type(exc).__name__}: {exc}"}
+    out: dict[str, Any] = {"version": torch.__version__, "cuda": torch.version.cuda}
+    out["cuda_available"] = bool(torch.cuda.is_available())
+    try:
+        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda else None
+    except Exception:
+        out["nccl"] = None
+    return out
+
+
+def _cupy() -> dict[str, Any]:
+    dists = [d for d in ("cupy", "cupy-cuda12x", "cupy-cuda11x", "cupy-cuda13x") if _version(d)]
+    if not dists:
+        return {"version": None}
+    out: dict[str, Any] = {"version": _version(dists[0]), "distribution": dists[0]}
+    try:
+        import cupy
+
+        out["devices"] = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:
+        out["devices"] = 0
+        out["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    try:
+        from cupy.cuda import nccl
+
+        out["nccl"] = str(nccl.get_version())
+    except Exception:
+        out["nccl"] = None
+    return out
+
+
+def _environment(env: Mapping[str, str]) -> dict[str, str]:
+    try:
+        from hpcdist.config import KNOBS
+
+        knobs = set(KNOBS)
+    except ImportError:
+        knobs = set()
+    out = {}
+    for name in sorted(env):
+        if name in knobs or name in ENV_NAMES or name.startswith(ENV_PREFIXES):
+            secret = any(word in name for word in _SECRET_WORDS)
+            out[name] = "<set, hidden>" if secret else env[name]
+    return out
+
+
+def collect(env: Mapping[str, str] | None = None, initialize_mpi: bool = False) -> dict[str, Any]:
+    """Everything ``hpcdist info`` reports, as a JSON-ready dict.
+
+    With ``initialize_mpi=False`` (the command's default) mpi4py is imported
+    without ``MPI_Init`` when it was not imported yet; a program that calls
+    this and later ``init_process_group`` should pass ``True`` or import
+    mpi4py.MPI first.
+    """
+    env = os.environ if env is None else env
+    from hpcdist._version import __version__
+
+    return {
+        "hpcdist": {"version": __version__, "path": os.path.dirname(os.path.abspath(__file__))},
+        "python": {"version": platform.python_version(), "executable": sys.executable, "platform": platform.platform()},
+        "mpi": _mpi(initialize_mpi),
+        "launcher": _launcher(env),
+        "gpu": {**_cuda_aware(), "torch": _torch(), "cupy": _cupy()},
+        "packages": {name: _version(name) for name in ("numpy", "h5py", "matplotlib", "tqdm", "mpich")},
+        "environment": _environment(env),
+    }
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    return str(value)
+
+
+def format_text(report: Mapping[str, Any]) -> str:
+    """The report as aligned ``section.key: value`` text."""
+    lines = []
+    for section, body in report.items():
+        lines.append(f"{section}:")
+        if section == "environment" and not body:
+            lines.append("  (none of the relevant variables is set)")
+        for key, value in body.items():
+            if isinstance(value, dict):
+                for sub, subvalue in value.items():
+                    lines.append(f"  {key + '.' + sub:<22} {_fmt(subvalue)}")
+            elif key == "library_version" and isinstance(value, str) and "\n" in value:
+                first, *rest = value.splitlines()
+                lines.append(f"  {key:<22} {first}")
+                lines.extend(f"  {'':<22} {line}" for line in rest[:3])
+            else:
+                lines.append(f"  {key:<22} {_fmt(value)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``hpcdist info``."""
+    parser = argparse.ArgumentParser(prog="hpcdist info", description="Report versions, MPI, launcher and GPU support.")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    report = collect()
+    print(json.dumps(report, indent=2, sort_keys=False) if args.json else format_text(report))
+    return 0
