@@ -212,7 +212,7 @@ def spawn(
         raise TypeError(f"spawn: args must be a tuple, got {type(args).__name__}")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"spawn: timeout must be > 0 seconds or None, got {timeout!r}")
-    ctx = multiprocessing.get_context(start_method)
+    ctx: Any = multiprocessing.get_context(start_method)
     port = master_port if master_port is not None else _free_port(master_addr)
     error_dir = tempfile.TemporaryDirectory(prefix="hpcdist-spawn-")
     processes = []
