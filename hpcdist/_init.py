@@ -1,0 +1,243 @@
+"""``init_process_group`` / ``destroy_process_group`` and the world queries.
+
+SPMD contract: every process of the job calls :func:`init_process_group`
+once (again after :func:`destroy_process_group`), with compatible arguments.
+Under ``mpiexec``/``srun`` rank and size come from MPI; processes started
+otherwise join through the ``env://``, ``tcp://`` or ``file://`` rendezvous
+(:mod:`hpcdist.rendezvous`). Either way the result is one MPI
+intracommunicator, duplicated for hpcdist's own use.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from datetime import timedelta
+from typing import Any
+
+from . import config
+from ._world import WORLD, not_initialized
+from .backends import parse_backend
+from .group import ProcessGroup, _check_timeout, destroy_group, resolve_group
+
+__all__ = [
+    "destroy_process_group",
+    "get_backend",
+    "get_rank",
+    "get_world_size",
+    "init_process_group",
+    "is_initialized",
+]
+
+
+def init_process_group(
+    backend: str | None = None,
+    init_method: str | None = None,
+    timeout: timedelta | None = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Any = None,
+    group_name: str = "",
+    pg_options: Any = None,
+    device_id: Any = None,
+    _ranks: list[int] | None = None,
+) -> None:
+    """Initialize the default process group (collective over all processes).
+
+    ``backend``: ``"mpi"`` (default), ``"gloo"`` (accepted; runs on MPI),
+    ``"nccl"`` (CUDA arrays through NCCL) or a device map such as
+    ``"cpu:mpi,cuda:nccl"``. Under an MPI launcher, ``rank``/``world_size``
+    may be left at -1 (or the tutorial's ``rank=0, world_size=0``); values
+    that contradict the launch raise ValueError. ``timeout`` bounds every
+    blocking operation of the group (default 30 min, ``HPCDIST_TIMEOUT``).
+    """
+    if WORLD.default_pg is not None:
+        raise ValueError("trying to initialize the default process group twice; call destroy_process_group() first")
+    bmap = parse_backend(backend)
+    bstr = "mpi" if backend is None else str(backend).lower()
+    tmo = _check_timeout(timeout)
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if store is not None and init_method is not None:
+        raise ValueError("init_method and store are mutually exclusive: pass one of them")
+    if not isinstance(group_name, str):
+        raise TypeError(f"group_name must be a str, got {type(group_name).__name__}")
+
+    joined = _join(init_method, store, rank, world_size, tmo)
+    comm = _timed_dup(joined.comm, tmo)
+    n = comm.Get_size()
+    WORLD.reset()
+    WORLD.launcher = joined.launcher
+    WORLD.init_method = init_method
+    WORLD.device_id = device_id
+    group_store = joined.store
+    pg = ProcessGroup(
+        comm, list(range(n)), timeout=tmo, backend=bmap, backend_str=bstr, group_name=group_name or "default_pg",
+        group_desc="default_pg", store=group_store,
+    )
+    pg.bound_device_id = device_id
+    WORLD.default_pg = pg
+    WORLD.groups[pg.group_name] = pg
+    if group_store is None:
+        WORLD.default_pg._store = _lazy_group_store(comm, tmo)
+    _export_env(comm, comm.Get_rank(), n)
+    if n > 1 and config.abort_on_exception():
+        _install_abort_hook()
+
+
+def _timed_dup(comm: Any, timeout: timedelta) -> Any:
+    """MPI_Comm_idup polled against the timeout: a rank that never comes can't hang init."""
+    from .errors import DistTimeoutError
+    from .work import wait_requests
+
+    new, req = comm.Idup()
+    if not wait_requests([req], timeout.total_seconds()):
+        raise DistTimeoutError(
+            f"init_process_group: not every one of the {comm.Get_size()} processes arrived within "
+            f"{timeout.total_seconds():g}s (every process must call init_process_group)"
+        )
+    return new
+
+
+def _join(init_method: Any, store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
+    try:
+        from .rendezvous import join_world
+    except ImportError:  # pragma: no cover - rendezvous package not present
+        return _join_launched(rank, world_size)
+    return join_world(init_method, store=store, rank=rank, world_size=world_size, timeout=timeout)
+
+
+class _Joined:
+    def __init__(self, comm: Any, store: Any, rank: int, world_size: int, launcher: str | None) -> None:
+        self.comm, self.store, self.rank, self.world_size, self.launcher = comm, store, rank, world_size, launcher
+
+
+def _join_launched(rank: int, world_size: int) -> _Joined:
+    from mpi4py import MPI
+
+    c = MPI.COMM_WORLD
+    if rank not in (-1, 0) and rank != c.Get_rank():
+        raise ValueError(f"rank={rank} contradicts the MPI launch, which gave this process rank {c.Get_rank()}")
+    if world_size not in (-1, 0) and world_size != c.Get_size():
+        raise ValueError(f"world_size={world_size} contradicts the MPI launch of {c.Get_size()} processes")
+    return _Joined(c, None, c.Get_rank(), c.Get_size(), "mpiexec")
+
+
+def _lazy_group_store(comm: Any, timeout: timedelta) -> Any:
+    try:
+        from .rendezvous import group_store
+    except ImportError:  # pragma: no cover
+        return None
+    return group_store(comm, timeout)
+
+
+def _export_env(comm: Any, rank: int, n: int) -> None:
+    try:
+        from .rendezvous import export_torchrun_env
+    except ImportError:  # pragma: no cover
+        os.environ.setdefault("RANK", str(rank))
+        os.environ.setdefault("WORLD_SIZE", str(n))
+        return
+    export_torchrun_env(comm, rank, n)
+
+
+_HOOK_INSTALLED = False
+
+
+def _install_abort_hook() -> None:
+    """Make an unhandled exception on one rank end the job (MPI_Abort), not hang it."""
+    global _HOOK_INSTALLED
+    if _HOOK_INSTALLED:
+        return
+    _HOOK_INSTALLED = True
+    previous = sys.excepthook
+
+    def hook(exc_type: Any, exc: Any, tb: Any) -> None:
+        pg = WORLD.default_pg
+        if pg is None or exc_type is KeyboardInterrupt or not config.abort_on_exception():
+            previous(exc_type, exc, tb)
+            return
+        r = pg.rank()
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        prefixed = "".join(f"[rank {r}] {line}\n" for line in text.rstrip("\n").split("\n"))
+        try:
+            sys.stderr.write(prefixed)
+            sys.stderr.write(
+                f"[rank {r}] hpcdist: unhandled exception; aborting the MPI job so the other ranks do not hang "
+                "(set HPCDIST_ABORT_ON_EXCEPTION=0 to turn this off)\n"
+            )
+            sys.stderr.flush()
+        finally:
+            from mpi4py import MPI
+
+            MPI.COMM_WORLD.Abort(1) if MPI.COMM_WORLD.Get_size() > 1 else pg._comm.Abort(1)
+
+    sys.excepthook = hook
+
+
+def destroy_process_group(group: Any = None) -> None:
+    """Destroy ``group``, or every group and the default one (None).
+
+    Collective over the group's members. After destroying everything,
+    :func:`init_process_group` may be called again.
+    """
+    if group is None or group is WORLD.default_pg:
+        if WORLD.default_pg is None:
+            raise not_initialized()
+        for pg in list(WORLD.groups.values()):
+            destroy_group(pg)
+        st = WORLD.store
+        WORLD.reset()
+        _ = st
+        return
+    pg = resolve_group(group, "destroy_process_group")
+    if pg is not None:
+        destroy_group(pg)
+
+
+def is_initialized() -> bool:
+    """Whether the default process group is initialized."""
+    return WORLD.default_pg is not None
+
+
+def get_rank(group: Any = None) -> int:
+    """This process's rank in ``group`` (default: the world); -1 for a non-member."""
+    pg = resolve_group(group, "get_rank") if group is not None else WORLD.default_pg
+    if pg is None:
+        if WORLD.default_pg is None:
+            raise not_initialized()
+        return -1
+    return pg._rank
+
+
+def get_world_size(group: Any = None) -> int:
+    """The number of ranks in ``group`` (default: the world); -1 for a non-member."""
+    pg = resolve_group(group, "get_world_size") if group is not None else WORLD.default_pg
+    if pg is None:
+        if WORLD.default_pg is None:
+            raise not_initialized()
+        return -1
+    return pg._size
+
+
+def get_backend(group: Any = None) -> str:
+    """The backend name of ``group``: ``"mpi"``, ``"gloo"`` (which runs on MPI), ``"nccl"`` or a device map."""
+    pg = resolve_group(group, "get_backend")
+    if pg is None:
+        raise ValueError("get_backend: this rank is not a member of the group")
+    return pg._backend_str
+
+
+def get_backend_config(group: Any = None) -> str:
+    """The device map of ``group``'s backend, e.g. ``"cpu:mpi,cuda:mpi"``."""
+    pg = resolve_group(group, "get_backend_config")
+    if pg is None:
+        raise ValueError("get_backend_config: this rank is not a member of the group")
+    return ",".join(f"{d}:{b}" for d, b in sorted(pg._backend_map.items()))
+
+
+def get_pg_count() -> int:
+    """How many process groups exist (the default one included)."""
+    return len(WORLD.groups)

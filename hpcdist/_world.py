@@ -1,0 +1,42 @@
+"""The one state object: the default group, the group registry, counters.
+
+Nothing here talks to MPI; :mod:`hpcdist._init` and :mod:`hpcdist.group`
+fill it in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["WORLD", "World", "not_initialized"]
+
+
+class World:
+    """Process-wide state of hpcdist (one instance: :data:`WORLD`)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.default_pg: Any = None  # hpcdist.group.ProcessGroup
+        self.groups: dict[str, Any] = {}  # group_name -> ProcessGroup
+        self.pg_count = 0  # groups created since init (names are "0", "1", ...)
+        self.store: Any = None
+        self.launcher: str | None = None
+        self.init_method: str | None = None
+        self.device_id: Any = None
+
+    def next_name(self) -> str:
+        name = str(self.pg_count)
+        self.pg_count += 1
+        return name
+
+
+WORLD = World()
+
+
+def not_initialized() -> ValueError:
+    return ValueError(
+        "Default process group has not been initialized, please make sure to call init_process_group "
+        "(hpcdist.init_process_group('mpi') under mpiexec/srun)."
+    )

@@ -1,0 +1,255 @@
+"""The array-adapter registry: any supported array -> a :class:`Buf`.
+
+A :class:`Buf` is what the backends see: ``arr`` is a C-contiguous array of
+the library that owns the memory (a NumPy array for host memory, a CuPy-like
+device array for GPU memory) that the communication reads or writes;
+``dtype`` is the *logical* dtype name (``"bfloat16"`` for torch's bf16, whose
+bits travel as uint16); ``writeback`` copies ``arr`` back into the user's
+object when ``arr`` had to be a contiguous copy.
+
+Adapters are registered with :func:`register_adapter`, tried in order of
+registration, and cached per Python type, so the hot path is one dict lookup.
+Host adapters: NumPy arrays, torch CPU tensors (zero-copy, torch optional),
+anything with ``__array_interface__``, the buffer protocol or DLPack.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .dtypes import supported
+
+__all__ = ["TORCH_DEVICE_ADAPTERS", "Buf", "adapt", "adapt_list", "numel", "register_adapter"]
+
+
+class Buf:
+    """One array as the backends see it (see module docstring)."""
+
+    __slots__ = ("arr", "device", "dtype", "index", "obj", "writeback")
+
+    def __init__(
+        self,
+        arr: Any,
+        obj: Any,
+        dtype: str,
+        device: str = "cpu",
+        writeback: Callable[[], None] | None = None,
+        index: int = -1,
+    ) -> None:
+        self.arr = arr  # C-contiguous array MPI/NCCL reads or writes
+        self.obj = obj  # the user's object
+        self.dtype = dtype  # logical dtype name ("bfloat16" travels as uint16)
+        self.device = device  # device type: "cpu" or "cuda"
+        self.writeback = writeback  # copies arr into obj when arr is a copy
+        self.index = index  # device ordinal (-1 for host memory)
+
+    @property
+    def size(self) -> int:
+        return int(self.arr.size)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.arr.shape)
+
+    def __repr__(self) -> str:
+        where = self.device if self.index < 0 else f"{self.device}:{self.index}"
+        return f"Buf({type(self.obj).__name__}, dtype={self.dtype}, shape={self.shape}, device={where})"
+
+
+Adapter = Callable[[Any, str, bool], Buf]
+Probe = Callable[[Any], bool]
+
+_ADAPTERS: list[tuple[str, Probe, Adapter]] = []
+#: torch tensors share one Python type across devices: device type -> adapter
+TORCH_DEVICE_ADAPTERS: dict[str, Adapter] = {}
+_BY_TYPE: dict[type, Adapter] = {}
+
+
+def register_adapter(name: str, probe: Probe, adapter: Adapter, *, first: bool = False) -> None:
+    """Register ``adapter(obj, argname, write) -> Buf`` for objects where ``probe(obj)``.
+
+    ``first=True`` puts it before the generic ones (device adapters do).
+    A name registered twice raises ValueError.
+    """
+    if not callable(probe) or not callable(adapter):
+        raise TypeError(f"register_adapter({name!r}): probe and adapter must be callable")
+    if any(n == name for n, _, _ in _ADAPTERS):
+        raise ValueError(f"an array adapter named {name!r} is already registered")
+    entry = (name, probe, adapter)
+    if first:
+        _ADAPTERS.insert(0, entry)
+    else:
+        _ADAPTERS.append(entry)
+    _BY_TYPE.clear()
+
+
+def _lookup(obj: Any) -> Adapter | None:
+    t = type(obj)
+    hit = _BY_TYPE.get(t)
+    if hit is not None:
+        return hit
+    for _name, probe, adapter in _ADAPTERS:
+        try:
+            ok = probe(obj)
+        except Exception:
+            ok = False
+        if ok:
+            _BY_TYPE[t] = adapter
+            return adapter
+    return None
+
+
+def adapt(obj: Any, argname: str, write: bool) -> Buf:
+    """Adapt ``obj`` (argument ``argname``); ``write``: the call writes into it."""
+    adapter = _BY_TYPE.get(type(obj)) or _lookup(obj)
+    if adapter is None:
+        raise TypeError(
+            f"{argname} must be an array (NumPy, torch tensor, CuPy, or any object with the buffer protocol, "
+            f"__array_interface__, __cuda_array_interface__ or DLPack), got {type(obj).__name__}"
+        )
+    return adapter(obj, argname, write)
+
+
+def adapt_list(objs: Any, argname: str, write: bool) -> list[Buf]:
+    """Adapt every element of a list/tuple argument."""
+    if not isinstance(objs, (list, tuple)):
+        raise TypeError(f"{argname} must be a list of arrays, got {type(objs).__name__}")
+    return [adapt(o, f"{argname}[{i}]", write) for i, o in enumerate(objs)]
+
+
+def numel(buf: Buf) -> int:
+    return int(buf.arr.size)
+
+
+# ---------------------------------------------------------------- NumPy (host)
+
+
+def _check_dtype(arr: np.ndarray, argname: str) -> None:
+    if not supported(arr.dtype):
+        raise TypeError(
+            f"{argname} has dtype {arr.dtype}, which hpcdist cannot communicate; expected bool, (u)int8-64, "
+            "float16/32/64, bfloat16 or complex64/128"
+        )
+
+
+def _host_buf(arr: np.ndarray, obj: Any, argname: str, write: bool, dtype: str | None = None) -> Buf:
+    if write and not arr.flags.writeable:
+        raise ValueError(f"{argname} is read-only, but this call writes its result into it; pass a writable array")
+    if arr.flags.c_contiguous:
+        return Buf(arr, obj, dtype or arr.dtype.name)
+    _check_dtype(arr, argname)
+    tmp = np.ascontiguousarray(arr)
+    if not write:
+        return Buf(tmp, obj, dtype or arr.dtype.name)
+
+    def writeback(dst: np.ndarray = arr, src: np.ndarray = tmp) -> None:
+        np.copyto(dst, src)
+
+    return Buf(tmp, obj, dtype or arr.dtype.name, writeback=writeback)
+
+
+def _numpy(obj: Any, argname: str, write: bool) -> Buf:
+    if not supported(obj.dtype):
+        _check_dtype(obj, argname)
+    return _host_buf(obj, obj, argname, write)
+
+
+def _is_numpy(obj: Any) -> bool:
+    return isinstance(obj, np.ndarray)
+
+
+# ---------------------------------------------------------------- torch (CPU)
+
+
+def _is_torch(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _torch(obj: Any, argname: str, write: bool) -> Buf:
+    import torch
+
+    if obj.device.type != "cpu":
+        device_adapter = TORCH_DEVICE_ADAPTERS.get(obj.device.type)
+        if device_adapter is None:
+            raise TypeError(
+                f"{argname} is a torch tensor on {obj.device}; hpcdist moves CPU tensors and, with its GPU "
+                "support (the 'gpu' extra: cupy), CUDA tensors; move it to the CPU or install cupy"
+            )
+        return device_adapter(obj, argname, write)
+    t = obj.detach()
+    if t.is_sparse or t.layout is not torch.strided:
+        raise TypeError(f"{argname} is a {t.layout} tensor; only dense (strided) tensors can be communicated")
+    contiguous = t.is_contiguous()
+    base = t if contiguous else t.contiguous()
+    if t.dtype is torch.bfloat16:
+        arr = base.view(torch.int16).numpy().view(np.uint16)
+        dtype = "bfloat16"
+    else:
+        try:
+            arr = base.numpy()
+        except TypeError:
+            raise TypeError(f"{argname} has dtype {t.dtype}, which hpcdist cannot communicate") from None
+        dtype = arr.dtype.name
+        _check_dtype(arr, argname)
+    if contiguous:
+        return Buf(arr, obj, dtype)
+    if not write:
+        return Buf(arr, obj, dtype)
+
+    def writeback(dst: Any = obj, src: Any = base) -> None:
+        with torch.no_grad():
+            dst.copy_(src)
+
+    return Buf(arr, obj, dtype, writeback=writeback)
+
+
+# ---------------------------------------------------------------- generic host protocols
+
+
+def _has_array_interface(obj: Any) -> bool:
+    return hasattr(obj, "__array_interface__")
+
+
+def _array_interface(obj: Any, argname: str, write: bool) -> Buf:
+    arr = np.asarray(obj)
+    _check_dtype(arr, argname)
+    return _host_buf(arr, obj, argname, write)
+
+
+def _has_buffer(obj: Any) -> bool:
+    try:
+        memoryview(obj).release()
+    except TypeError:
+        return False
+    return True
+
+
+def _buffer(obj: Any, argname: str, write: bool) -> Buf:
+    view = memoryview(obj)
+    arr = np.asarray(view)
+    if view.readonly:
+        arr.flags.writeable = False
+    _check_dtype(arr, argname)
+    return _host_buf(arr, obj, argname, write)
+
+
+def _has_dlpack(obj: Any) -> bool:
+    return hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__") and obj.__dlpack_device__()[0] == 1
+
+
+def _dlpack(obj: Any, argname: str, write: bool) -> Buf:
+    arr = np.from_dlpack(obj)
+    _check_dtype(arr, argname)
+    return _host_buf(arr, obj, argname, write)
+
+
+register_adapter("numpy", _is_numpy, _numpy)
+register_adapter("torch", _is_torch, _torch)
+register_adapter("dlpack-host", _has_dlpack, _dlpack)
+register_adapter("array-interface", _has_array_interface, _array_interface)
+register_adapter("buffer", _has_buffer, _buffer)

@@ -1,0 +1,451 @@
+"""Collective operations on arrays (torch.distributed's names and semantics).
+
+One template for all: resolve the group -> check the arguments (O(1), before
+any message moves) -> adapt the arrays -> dispatch to the group's engine for
+the arrays' device -> return None, or a :class:`~hpcdist.work.Work` when
+``async_op=True``.
+
+SPMD contract, for every function here: every rank of ``group`` calls it, in
+the same order as the group's other collectives, with arrays of the same
+dtype and matching sizes (as each docstring says). A rank that skips a call or
+calls another collective makes the others raise
+:class:`~hpcdist.errors.DistTimeoutError` after the group's timeout. A rank
+that is not in ``group`` gets None back and nothing happens (torch's rule).
+``src``/``dst`` are global ranks; ``group_src``/``group_dst`` ranks in the
+group. Blocking calls return once this rank's part is done and the outputs
+hold the result.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from .buffers.adapters import Buf, adapt, adapt_list
+from .group import ProcessGroup, resolve_group
+from .ops import RedOpType, resolve_op
+from .work import Work
+
+__all__ = [
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "gather",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+    "scatter",
+]
+
+SUM = RedOpType.SUM
+
+
+def _done(work: Work, async_op: bool) -> Work | None:
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def group_rank(pg: ProcessGroup, glob: Any, grp: Any, name: str) -> int:
+    """The group rank meant by ``name``/``group_name`` (global/group rank); ValueError if bad."""
+    if grp is not None:
+        if glob is not None:
+            raise ValueError(f"pass either {name}= (a global rank) or group_{name}= (a group rank), not both")
+        if isinstance(grp, bool) or not isinstance(grp, (int, np.integer)) or not 0 <= grp < pg._size:
+            raise ValueError(f"group_{name} must be a rank of the group, 0..{pg._size - 1}, got {grp!r}")
+        return int(grp)
+    if glob is None:
+        raise ValueError(f"{name} (a global rank) or group_{name} (a rank in the group) is required")
+    r = pg._g2l.get(int(glob)) if isinstance(glob, (int, np.integer)) and not isinstance(glob, bool) else None
+    if r is None:
+        raise ValueError(
+            f"{name}={glob!r} is not a rank of group {pg.group_name!r}; expected one of its global ranks "
+            f"{pg._ranks if pg._size <= 16 else f'({pg._size} ranks)'}"
+        )
+    return r
+
+
+def _same_kind(ref: Buf, others: list[Buf], argname: str) -> None:
+    for i, b in enumerate(others):
+        if b.dtype != ref.dtype:
+            raise TypeError(f"{argname}[{i}] has dtype {b.dtype}, expected {ref.dtype} (the input's dtype)")
+        if b.device != ref.device or b.index != ref.index:
+            raise ValueError(f"{argname}[{i}] is on another device than the input; put all arrays on one device")
+
+
+def _same(a: Buf, b: Buf, aname: str, bname: str) -> None:
+    if a.dtype != b.dtype:
+        raise TypeError(f"{aname} has dtype {a.dtype} but {bname} has dtype {b.dtype}; they must match")
+    if a.device != b.device or a.index != b.index:
+        raise ValueError(f"{aname} and {bname} are on different devices; put both on one device")
+
+
+def _list_len(lst: Any, n: int, argname: str) -> None:
+    if not isinstance(lst, (list, tuple)):
+        raise TypeError(f"{argname} must be a list of {n} arrays (one per rank of the group), got {type(lst).__name__}")
+    if len(lst) != n:
+        raise ValueError(f"{argname} must hold one array per rank of the group ({n}), got {len(lst)}")
+
+
+# ------------------------------------------------------------------ broadcast / reductions
+
+
+def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
+              group_src: int | None = None) -> Work | None:
+    """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank of the group.
+
+    Every rank passes an array of the same dtype and size.
+    """
+    pg = resolve_group(group, "broadcast")
+    if pg is None:
+        return None
+    root = group_rank(pg, src, group_src, "src")
+    buf = adapt(tensor, "tensor", pg._rank != root)
+    return _done(pg.engine(buf.device).broadcast(buf, root), async_op)
+
+
+def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = False) -> Work | None:
+    """Reduce ``tensor`` over the group in place: every rank ends with the result.
+
+    Every rank passes an array of the same dtype and size. float16/bfloat16
+    are reduced in float32 and rounded once.
+    """
+    pg = resolve_group(group, "all_reduce")
+    if pg is None:
+        return None
+    buf = adapt(tensor, "tensor", True)
+    rop = resolve_op(op, buf.dtype)
+    work = pg.engine(buf.device).all_reduce(buf, rop)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def reduce(tensor: Any, dst: int | None = None, op: Any = SUM, group: Any = None, async_op: bool = False,
+           group_dst: int | None = None) -> Work | None:
+    """Reduce ``tensor`` over the group into ``tensor`` on rank ``dst`` (others' are left as they were)."""
+    pg = resolve_group(group, "reduce")
+    if pg is None:
+        return None
+    root = group_rank(pg, dst, group_dst, "dst")
+    buf = adapt(tensor, "tensor", pg._rank == root)
+    rop = resolve_op(op, buf.dtype)
+    return _done(pg.engine(buf.device).reduce(buf, root, rop), async_op)
+
+
+def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, async_op: bool = False) -> Work | None:
+    """All-reduce several arrays of one dtype in one MPI call (packed, then unpacked)."""
+    pg = resolve_group(group, "all_reduce_coalesced")
+    if pg is None:
+        return None
+    bufs = adapt_list(tensors, "tensors", True)
+    if not bufs:
+        raise ValueError("tensors must hold at least one array")
+    _same_kind(bufs[0], bufs[1:], "tensors")
+    rop = resolve_op(op, bufs[0].dtype, "op")
+    if bufs[0].device != "cpu":
+        works = [pg.engine(b.device).all_reduce(b, rop) for b in bufs]
+        return _done(combine(works, "all_reduce_coalesced", pg), async_op)
+    flat = np.concatenate([b.arr.reshape(-1) for b in bufs])
+
+    def unpack() -> None:
+        pos = 0
+        for b in bufs:
+            n = b.arr.size
+            b.arr.reshape(-1)[...] = flat[pos : pos + n]
+            pos += n
+            if b.writeback is not None:
+                b.writeback()
+
+    packed = Buf(flat, tensors, bufs[0].dtype, "cpu", unpack)
+    return _done(pg.engine("cpu").all_reduce(packed, rop), async_op)
+
+
+def combine(works: list[Work], name: str, pg: ProcessGroup) -> Work:
+    """One Work over several: completes when all did, finishing each in order."""
+    reqs = [r for w in works for r in w._reqs]
+    for w in works:
+        w._reqs = ()
+
+    def post() -> list[Any]:
+        out = []
+        for w in works:
+            w._finish()
+            out.append(w._result)
+        return out
+
+    return Work(reqs, post, works, pg._timeout_s, (name, pg))
+
+
+# ------------------------------------------------------------------ gathers
+
+
+def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
+    """Gather ``tensor`` of every rank into ``tensor_list[r]`` on every rank.
+
+    ``tensor_list`` holds one array per group rank; its entry ``r`` must have
+    the size of rank ``r``'s ``tensor`` (sizes may differ between ranks).
+    """
+    pg = resolve_group(group, "all_gather")
+    if pg is None:
+        return None
+    _list_len(tensor_list, pg._size, "tensor_list")
+    inp = adapt(tensor, "tensor", False)
+    outs = adapt_list(tensor_list, "tensor_list", True)
+    _same_kind(inp, outs, "tensor_list")
+    if outs[pg._rank].arr.size != inp.arr.size:
+        raise ValueError(
+            f"tensor_list[{pg._rank}] (this rank's slot) has {outs[pg._rank].arr.size} elements but tensor has "
+            f"{inp.arr.size}; they must match"
+        )
+    return _done(pg.engine(inp.device).all_gather(outs, inp), async_op)
+
+
+def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
+                           async_op: bool = False) -> Work | None:
+    """Gather every rank's ``input_tensor`` into ``output_tensor`` (group size x its size), in rank order."""
+    pg = resolve_group(group, "all_gather_into_tensor")
+    if pg is None:
+        return None
+    inp = adapt(input_tensor, "input_tensor", False)
+    out = adapt(output_tensor, "output_tensor", True)
+    _same(out, inp, "output_tensor", "input_tensor")
+    if out.arr.size != inp.arr.size * pg._size:
+        raise ValueError(
+            f"output_tensor must have group size x input size = {pg._size} x {inp.arr.size} = "
+            f"{pg._size * inp.arr.size} elements, got {out.arr.size}"
+        )
+    return _done(pg.engine(inp.device).all_gather_into(out, inp), async_op)
+
+
+def all_gather_single(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
+    """Same as :func:`all_gather_into_tensor` (torch 2.13's newer name)."""
+    return all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
+
+
+def all_gather_coalesced(output_tensor_lists: list[list[Any]], input_tensor_list: list[Any], group: Any = None,
+                         async_op: bool = False) -> Work | None:
+    """:func:`all_gather` of each ``input_tensor_list[i]`` into ``output_tensor_lists[i]``, all at once."""
+    pg = resolve_group(group, "all_gather_coalesced")
+    if pg is None:
+        return None
+    if not isinstance(output_tensor_lists, (list, tuple)) or not isinstance(input_tensor_list, (list, tuple)):
+        raise TypeError("output_tensor_lists must be a list of lists and input_tensor_list a list of arrays")
+    if len(output_tensor_lists) != len(input_tensor_list):
+        raise ValueError(
+            f"output_tensor_lists has {len(output_tensor_lists)} lists but input_tensor_list has "
+            f"{len(input_tensor_list)} arrays; they must match"
+        )
+    checked = []
+    for i, (outl, inp_obj) in enumerate(zip(output_tensor_lists, input_tensor_list)):
+        _list_len(outl, pg._size, f"output_tensor_lists[{i}]")
+        inp = adapt(inp_obj, f"input_tensor_list[{i}]", False)
+        outs = adapt_list(outl, f"output_tensor_lists[{i}]", True)
+        _same_kind(inp, outs, f"output_tensor_lists[{i}]")
+        if outs[pg._rank].arr.size != inp.arr.size:
+            raise ValueError(f"output_tensor_lists[{i}][{pg._rank}] must have the size of input_tensor_list[{i}]")
+        checked.append((outs, inp))
+    works = [pg.engine(inp.device).all_gather(outs, inp) for outs, inp in checked]
+    return _done(combine(works, "all_gather_coalesced", pg), async_op)
+
+
+def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = None, group: Any = None,
+           async_op: bool = False, group_dst: int | None = None) -> Work | None:
+    """Gather every rank's ``tensor`` into ``gather_list`` on rank ``dst``.
+
+    ``gather_list`` (one array per group rank, entry ``r`` of rank ``r``'s
+    size) is required on ``dst`` and must be None or empty elsewhere.
+    """
+    pg = resolve_group(group, "gather")
+    if pg is None:
+        return None
+    root = group_rank(pg, 0 if dst is None and group_dst is None else dst, group_dst, "dst")
+    inp = adapt(tensor, "tensor", False)
+    outs: list[Buf] | None = None
+    if pg._rank == root:
+        if gather_list is None:
+            raise ValueError("gather_list is required on the destination rank (one array per rank of the group)")
+        _list_len(gather_list, pg._size, "gather_list")
+        outs = adapt_list(gather_list, "gather_list", True)
+        _same_kind(inp, outs, "gather_list")
+        if outs[root].arr.size != inp.arr.size:
+            raise ValueError(f"gather_list[{root}] must have tensor's size {inp.arr.size}, got {outs[root].arr.size}")
+    elif gather_list:
+        raise ValueError("gather_list must be None or empty on ranks other than the destination")
+    return _done(pg.engine(inp.device).gather(inp, outs, root), async_op)
+
+
+def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None = None, group: Any = None,
+            async_op: bool = False, group_src: int | None = None) -> Work | None:
+    """Rank ``src`` sends ``scatter_list[r]`` to rank ``r``, which receives it into ``tensor``.
+
+    ``scatter_list`` is required on ``src`` (entry ``r`` of rank ``r``'s
+    ``tensor`` size) and must be None or empty elsewhere.
+    """
+    pg = resolve_group(group, "scatter")
+    if pg is None:
+        return None
+    root = group_rank(pg, 0 if src is None and group_src is None else src, group_src, "src")
+    out = adapt(tensor, "tensor", True)
+    ins: list[Buf] | None = None
+    if pg._rank == root:
+        if scatter_list is None:
+            raise ValueError("scatter_list is required on the source rank (one array per rank of the group)")
+        _list_len(scatter_list, pg._size, "scatter_list")
+        ins = adapt_list(scatter_list, "scatter_list", False)
+        _same_kind(out, ins, "scatter_list")
+        if ins[root].arr.size != out.arr.size:
+            raise ValueError(f"scatter_list[{root}] must have tensor's size {out.arr.size}, got {ins[root].arr.size}")
+    elif scatter_list:
+        raise ValueError("scatter_list must be None or empty on ranks other than the source")
+    return _done(pg.engine(out.device).scatter(out, ins, root), async_op)
+
+
+# ------------------------------------------------------------------ reduce-scatter
+
+
+def reduce_scatter(output: Any, input_list: list[Any], op: Any = SUM, group: Any = None,
+                   async_op: bool = False) -> Work | None:
+    """Reduce ``input_list[r]`` over the group into ``output`` on rank ``r``.
+
+    Every rank passes one input per group rank; entry ``r`` has rank ``r``'s
+    ``output`` size, the same on every rank.
+    """
+    pg = resolve_group(group, "reduce_scatter")
+    if pg is None:
+        return None
+    _list_len(input_list, pg._size, "input_list")
+    out = adapt(output, "output", True)
+    ins = adapt_list(input_list, "input_list", False)
+    _same_kind(out, ins, "input_list")
+    if ins[pg._rank].arr.size != out.arr.size:
+        raise ValueError(
+            f"input_list[{pg._rank}] (this rank's slot) has {ins[pg._rank].arr.size} elements but output has "
+            f"{out.arr.size}; they must match"
+        )
+    rop = resolve_op(op, out.dtype)
+    return _done(pg.engine(out.device).reduce_scatter(out, ins, rop), async_op)
+
+
+def reduce_scatter_tensor(output: Any, input: Any, op: Any = SUM, group: Any = None,
+                          async_op: bool = False) -> Work | None:
+    """Reduce ``input`` (group size x output size) over the group; rank ``r`` gets the ``r``-th chunk."""
+    pg = resolve_group(group, "reduce_scatter_tensor")
+    if pg is None:
+        return None
+    out = adapt(output, "output", True)
+    inp = adapt(input, "input", False)
+    _same(out, inp, "output", "input")
+    if inp.arr.size != out.arr.size * pg._size:
+        raise ValueError(
+            f"input must have group size x output size = {pg._size} x {out.arr.size} = {pg._size * out.arr.size} "
+            f"elements, got {inp.arr.size}"
+        )
+    rop = resolve_op(op, out.dtype)
+    return _done(pg.engine(out.device).reduce_scatter_tensor(out, inp, rop), async_op)
+
+
+def reduce_scatter_single(output: Any, input: Any, op: Any = SUM, group: Any = None,
+                          async_op: bool = False) -> Work | None:
+    """Same as :func:`reduce_scatter_tensor` (torch 2.13's newer name)."""
+    return reduce_scatter_tensor(output, input, op, group, async_op)
+
+
+# ------------------------------------------------------------------ all-to-all
+
+
+def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], group: Any = None,
+               async_op: bool = False) -> Work | None:
+    """Rank ``i`` sends ``input_tensor_list[j]`` to rank ``j``, which receives it in ``output_tensor_list[i]``."""
+    pg = resolve_group(group, "all_to_all")
+    if pg is None:
+        return None
+    _list_len(output_tensor_list, pg._size, "output_tensor_list")
+    _list_len(input_tensor_list, pg._size, "input_tensor_list")
+    ins = adapt_list(input_tensor_list, "input_tensor_list", False)
+    outs = adapt_list(output_tensor_list, "output_tensor_list", True)
+    _same_kind(ins[0], ins[1:], "input_tensor_list")
+    _same_kind(ins[0], outs, "output_tensor_list")
+    if ins[pg._rank].arr.size != outs[pg._rank].arr.size:
+        raise ValueError(f"input_tensor_list[{pg._rank}] and output_tensor_list[{pg._rank}] (this rank to itself) must have equal sizes")
+    return _done(pg.engine(ins[0].device).all_to_all(outs, ins), async_op)
+
+
+def _split_counts(splits: Any, n: int, rows: int, row_elems: int, argname: str, tensor_name: str) -> list[int]:
+    if splits is None or (isinstance(splits, (list, tuple)) and len(splits) == 0):
+        if rows % n != 0:
+            raise ValueError(
+                f"{tensor_name}'s first dimension ({rows}) must be divisible by the group size ({n}) when "
+                f"{argname} is not given"
+            )
+        return [rows // n * row_elems] * n
+    seq = splits.tolist() if hasattr(splits, "tolist") else list(splits)
+    if len(seq) != n:
+        raise ValueError(f"{argname} must hold one size per rank of the group ({n}), got {len(seq)}")
+    for s in seq:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ValueError(f"{argname} must hold non-negative ints, got {seq!r}")
+    if sum(seq) != rows:
+        raise ValueError(f"{argname} sums to {sum(seq)} but {tensor_name}'s first dimension is {rows}")
+    return [s * row_elems for s in seq]
+
+
+def all_to_all_single(output: Any, input: Any, output_split_sizes: Any = None, input_split_sizes: Any = None,
+                      group: Any = None, async_op: bool = False) -> Work | None:
+    """Split ``input`` along dim 0, send chunk ``j`` to rank ``j``; concatenate what arrives into ``output``.
+
+    Splits (rows per rank) default to equal chunks; they may be uneven and
+    must agree between senders and receivers.
+    """
+    pg = resolve_group(group, "all_to_all_single")
+    if pg is None:
+        return None
+    out = adapt(output, "output", True)
+    inp = adapt(input, "input", False)
+    _same(out, inp, "output", "input")
+    if len(inp.shape) == 0 or len(out.shape) == 0:
+        raise ValueError("all_to_all_single needs arrays with at least one dimension")
+    in_rows, out_rows = inp.shape[0], out.shape[0]
+    in_row = inp.arr.size // in_rows if in_rows else int(np.prod(inp.shape[1:], dtype=np.int64))
+    out_row = out.arr.size // out_rows if out_rows else int(np.prod(out.shape[1:], dtype=np.int64))
+    if in_row != out_row:
+        raise ValueError(f"input and output rows must have the same size, got {inp.shape[1:]} and {out.shape[1:]}")
+    scounts = _split_counts(input_split_sizes, pg._size, in_rows, in_row, "input_split_sizes", "input")
+    rcounts = _split_counts(output_split_sizes, pg._size, out_rows, out_row, "output_split_sizes", "output")
+    if scounts[pg._rank] != rcounts[pg._rank]:
+        raise ValueError(
+            f"this rank sends itself {scounts[pg._rank] // max(in_row, 1)} rows but expects "
+            f"{rcounts[pg._rank] // max(out_row, 1)}; input_split_sizes[{pg._rank}] and "
+            f"output_split_sizes[{pg._rank}] must match"
+        )
+    return _done(pg.engine(inp.device).all_to_all_single(out, inp, rcounts, scounts), async_op)
+
+
+# ------------------------------------------------------------------ barrier
+
+
+def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
+            timeout: timedelta | None = None) -> Work | None:
+    """Block until every rank of the group entered the barrier (or ``timeout``, then DistTimeoutError)."""
+    pg = resolve_group(group, "barrier")
+    if pg is None:
+        return None
+    if timeout is not None and not isinstance(timeout, timedelta):
+        raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+    work = pg.engine("cpu").barrier()
+    if async_op:
+        return work
+    work.wait(timeout)
+    return None

@@ -1,0 +1,462 @@
+"""Process groups: :class:`ProcessGroup` over an MPI communicator it owns.
+
+Every group owns one communicator created for it (``Dup``/``Split`` of the
+world's), so hpcdist's traffic never collides with the user's on
+``COMM_WORLD`` nor between groups. Ranks: ``src``/``dst`` arguments are
+*global* ranks (torch's convention); ``group_src``/``group_dst`` are ranks in
+the group.
+
+SPMD contract of group creation: :func:`new_group` (default),
+:func:`new_subgroups`, :func:`new_subgroups_by_enumeration` and
+:func:`split_group` are collective over the parent group: every rank of it
+calls them, in the same order, with the same arguments. A rank that does not
+call them makes the others raise :class:`~hpcdist.errors.DistTimeoutError`
+after the timeout. ``new_group(..., use_local_synchronization=True)`` is
+collective over the new group's members only.
+"""
+
+from __future__ import annotations
+
+import warnings
+from datetime import timedelta
+from typing import Any
+
+from . import config
+from ._world import WORLD, not_initialized
+from .backends import backend_factory, parse_backend
+from .errors import DistBackendError, DistTimeoutError
+from .work import wait_requests
+
+__all__ = [
+    "GroupMember",
+    "ProcessGroup",
+    "get_global_rank",
+    "get_group_rank",
+    "get_process_group_ranks",
+    "group",
+    "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "split_group",
+]
+
+
+class ProcessGroup:
+    """A group of ranks with its own MPI communicator (torch's ``ProcessGroup``).
+
+    Members have ``rank() >= 0``. Create groups with :func:`new_group` and
+    friends, never directly. ``comm`` exposes the mpi4py communicator for code
+    that wants to mix in raw MPI calls (don't free it).
+    """
+
+    def __init__(
+        self,
+        comm: Any,
+        ranks: list[int],
+        *,
+        timeout: timedelta,
+        backend: dict[str, str],
+        backend_str: str,
+        group_name: str,
+        group_desc: str = "undefined",
+        store: Any = None,
+    ) -> None:
+        self._comm = comm
+        self._ranks = list(ranks)
+        self._rank = comm.Get_rank()
+        self._size = comm.Get_size()
+        self._g2l = {g: i for i, g in enumerate(self._ranks)}
+        self._timeout = timeout
+        self._timeout_s = timeout.total_seconds()
+        self._backend_map = backend
+        self._backend_str = backend_str
+        self._engines: dict[str, Any] = {}
+        self.group_name = group_name
+        self.group_desc = group_desc
+        self._store = store
+        self._destroyed = False
+        self.bound_device_id: Any = None
+
+    # torch's ProcessGroup API
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def name(self) -> str:
+        return self._backend_str
+
+    @property
+    def comm(self) -> Any:
+        """The group's mpi4py ``Intracomm`` (owned by hpcdist; don't free it)."""
+        return self._comm
+
+    @property
+    def ranks(self) -> list[int]:
+        """The global ranks of the members, in group-rank order."""
+        return list(self._ranks)
+
+    @property
+    def timeout(self) -> timedelta:
+        return self._timeout
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = _check_timeout(timeout)
+        self._timeout_s = self._timeout.total_seconds()
+
+    def get_group_store(self) -> Any:
+        return self._store
+
+    def engine(self, device_type: str) -> Any:
+        """The backend engine moving arrays of ``device_type`` ('cpu'/'cuda')."""
+        eng = self._engines.get(device_type)
+        if eng is None:
+            name = self._backend_map.get(device_type)
+            if name is None:
+                raise ValueError(
+                    f"group {self.group_name!r} has backend {self._backend_str!r}, which cannot move {device_type} "
+                    f"arrays; use a device map such as backend='cpu:mpi,cuda:nccl', or move the array to "
+                    f"{' or '.join(sorted(self._backend_map))}"
+                )
+            eng = self._engines[device_type] = backend_factory(name)(self, device_type)
+        return eng
+
+    def _free(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        for eng in self._engines.values():
+            close = getattr(eng, "close", None)
+            if close is not None:
+                close()
+        self._engines.clear()
+        try:
+            from mpi4py import MPI
+
+            if self._comm != MPI.COMM_NULL and not MPI.Is_finalized():
+                self._comm.Free()
+        except Exception:  # pragma: no cover - a broken comm must not block teardown
+            pass
+
+    def abort(self) -> None:
+        """MPI_Abort on this group's communicator (ends the job)."""
+        self._comm.Abort(1)
+
+    def shutdown(self) -> None:
+        destroy_group(self)
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroup {self.group_name!r} rank {self._rank}/{self._size} backend={self._backend_str}>"
+
+
+class _WorldMeta(type):
+    @property
+    def WORLD(cls) -> Any:
+        return WORLD.default_pg
+
+
+class GroupMember(metaclass=_WorldMeta):
+    """torch's ``GroupMember``: ``WORLD`` (the default group) and ``NON_GROUP_MEMBER``."""
+
+    NON_GROUP_MEMBER = object()
+
+
+class group(metaclass=_WorldMeta):
+    """``group.WORLD`` is the default process group (None before init)."""
+
+
+def _check_timeout(timeout: Any) -> timedelta:
+    if timeout is None:
+        return config.default_timeout()
+    if not isinstance(timeout, timedelta):
+        raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__} ({timeout!r})")
+    if timeout.total_seconds() <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    return timeout
+
+
+def default_pg() -> ProcessGroup:
+    pg = WORLD.default_pg
+    if pg is None:
+        raise not_initialized()
+    return pg
+
+
+def resolve_group(group: Any, opname: str = "") -> ProcessGroup | None:
+    """``group`` argument -> ProcessGroup, or None when this rank is not a member (warns)."""
+    if group is None:
+        pg = WORLD.default_pg
+        if pg is None:
+            raise not_initialized()
+        return pg
+    if type(group) is ProcessGroup:
+        if group._destroyed:
+            raise ValueError(f"group {group.group_name!r} was destroyed (destroy_process_group); create a new one")
+        return group
+    if group is GroupMember.NON_GROUP_MEMBER:
+        if WORLD.default_pg is None:
+            raise not_initialized()
+        warnings.warn(
+            f"Running {opname or 'a collective'} on a group this rank (global rank {WORLD.default_pg.rank()}) "
+            "does not belong to: it does nothing and returns None",
+            stacklevel=3,
+        )
+        return None
+    mesh_group = getattr(group, "get_group", None)
+    if isinstance(group, ProcessGroup):
+        return group
+    if mesh_group is not None and getattr(group, "ndim", 2) == 1:
+        return resolve_group(mesh_group(), opname)
+    raise TypeError(f"group must be a ProcessGroup (from new_group) or None for the default group, got {type(group).__name__}")
+
+
+def _world_pg() -> ProcessGroup:
+    return default_pg()
+
+
+def _timed_barrier(comm: Any, timeout_s: float, what: str) -> None:
+    """A barrier that raises DistTimeoutError instead of hanging."""
+    req = comm.Ibarrier()
+    if not wait_requests([req], timeout_s):
+        raise DistTimeoutError(
+            f"{what}: not every rank arrived within {timeout_s:g}s (group creation is collective: every rank "
+            "of the parent group must call it, in the same order)"
+        )
+
+
+def _validate_ranks(ranks: Any, world_size: int, argname: str = "ranks") -> list[int]:
+    if not isinstance(ranks, (list, tuple, range)):
+        raise TypeError(f"{argname} must be a list of global ranks, got {type(ranks).__name__}")
+    out: list[int] = []
+    for r in ranks:
+        if isinstance(r, bool) or not isinstance(r, int):
+            raise TypeError(f"{argname} must hold ints, got {r!r} ({type(r).__name__})")
+        if not 0 <= r < world_size:
+            raise ValueError(f"{argname} holds rank {r}, outside the world's ranks 0..{world_size - 1}")
+        out.append(int(r))
+    if len(set(out)) != len(out):
+        dup = sorted({r for r in out if out.count(r) > 1})
+        raise ValueError(f"{argname} holds duplicate ranks {dup}")
+    return out
+
+
+def _make_pg(comm: Any, ranks: list[int], timeout: timedelta, backend: Any, desc: str | None) -> ProcessGroup:
+    world = default_pg()
+    if backend is None:
+        bmap, bstr = dict(world._backend_map), world._backend_str
+    else:
+        bmap, bstr = parse_backend(backend), str(backend).lower()
+    name = WORLD.next_name()
+    pg = ProcessGroup(
+        comm, ranks, timeout=timeout, backend=bmap, backend_str=bstr, group_name=name,
+        group_desc=desc or "undefined", store=world._store,
+    )
+    WORLD.groups[name] = pg
+    return pg
+
+
+def new_group(
+    ranks: Any = None,
+    timeout: timedelta | None = None,
+    backend: Any = None,
+    pg_options: Any = None,
+    use_local_synchronization: bool = False,
+    group_desc: str | None = None,
+    device_id: Any = None,
+    sort_ranks: bool = True,
+) -> Any:
+    """Create a group of the given global ``ranks`` (all ranks when None/empty).
+
+    Collective over the default group (every rank calls it with the same
+    ``ranks``), unless ``use_local_synchronization=True``: then only members
+    call it. Returns the new :class:`ProcessGroup` on members and
+    ``GroupMember.NON_GROUP_MEMBER`` elsewhere.
+    """
+    world = default_pg()
+    n = world.size()
+    members = list(range(n)) if not ranks else _validate_ranks(ranks, n)
+    if sort_ranks:
+        members.sort()
+    tmo = _check_timeout(timeout)
+    if backend is not None:
+        parse_backend(backend)
+    me = world.rank()
+    if use_local_synchronization:
+        if me not in members:
+            return GroupMember.NON_GROUP_MEMBER
+        mpi_group = world._comm.Get_group().Incl(members)
+        try:
+            comm = world._comm.Create_group(mpi_group, tag=_tag_for(members))
+        finally:
+            mpi_group.Free()
+        return _make_pg(comm, members, tmo, backend, group_desc)
+    _timed_barrier(world._comm, tmo.total_seconds(), "new_group")
+    from mpi4py import MPI
+
+    pos = {g: i for i, g in enumerate(members)}
+    comm = world._comm.Split(0 if me in pos else MPI.UNDEFINED, pos.get(me, 0))
+    if me not in pos:
+        WORLD.next_name()  # keep group names aligned across ranks
+        return GroupMember.NON_GROUP_MEMBER
+    return _make_pg(comm, members, tmo, backend, group_desc)
+
+
+def _tag_for(ranks: list[int]) -> int:
+    h = 0
+    for r in ranks:
+        h = (h * 1000003 + r + 1) & 0x3FFF
+    return h
+
+
+def _split_many(parent: ProcessGroup, lists: list[list[int]], timeout: timedelta, backend: Any, desc: str | None,
+                what: str) -> tuple[Any, list[Any]]:
+    """One MPI_Comm_split of ``parent`` into the given lists of *global* ranks."""
+    from mpi4py import MPI
+
+    me = parent._ranks[parent.rank()]
+    color, key = MPI.UNDEFINED, 0
+    for i, lst in enumerate(lists):
+        if me in lst:
+            color, key = i, lst.index(me)
+    _timed_barrier(parent._comm, timeout.total_seconds(), what)
+    comm = parent._comm.Split(color, key)
+    out: list[Any] = []
+    mine: Any = None
+    for i, lst in enumerate(lists):
+        if i == color:
+            mine = _make_pg(comm, lst, timeout, backend, desc)
+            out.append(mine)
+        else:
+            WORLD.next_name()
+            out.append(GroupMember.NON_GROUP_MEMBER)
+    return mine, out
+
+
+def new_subgroups(
+    group_size: int | None = None,
+    group: Any = None,
+    timeout: timedelta | None = None,
+    backend: Any = None,
+    pg_options: Any = None,
+    group_desc: str | None = None,
+) -> tuple[Any, list[Any]]:
+    """Split the world (or ``group``) into consecutive subgroups of ``group_size`` ranks.
+
+    ``group_size`` defaults to the number of ranks on this node. Collective
+    over the parent. Returns ``(this rank's subgroup, all subgroups)``; the
+    subgroups this rank is not in are ``GroupMember.NON_GROUP_MEMBER``.
+    """
+    parent = resolve_group(group, "new_subgroups") if group is not None else default_pg()
+    if parent is None:
+        raise ValueError("new_subgroups: this rank is not a member of the parent group")
+    if group_size is None:
+        from mpi4py import MPI
+
+        node = parent._comm.Split_type(MPI.COMM_TYPE_SHARED)
+        group_size = node.Get_size()
+        node.Free()
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
+    n = parent.size()
+    if group_size <= 0 or group_size > n:
+        raise ValueError(f"group_size must be in 1..{n} (the parent group's size), got {group_size}")
+    if n % group_size != 0:
+        raise ValueError(f"group_size={group_size} must divide the parent group's size {n}")
+    lists = [parent._ranks[i : i + group_size] for i in range(0, n, group_size)]
+    return _split_many(parent, lists, _check_timeout(timeout), backend, group_desc, "new_subgroups")
+
+
+def new_subgroups_by_enumeration(
+    ranks_per_subgroup_list: list[list[int]],
+    timeout: timedelta | None = None,
+    backend: Any = None,
+    pg_options: Any = None,
+    group_desc: str | None = None,
+) -> tuple[Any, list[Any]]:
+    """Create one subgroup per list of global ranks (lists must not overlap).
+
+    Collective over the default group. Returns ``(this rank's subgroup or
+    None, all subgroups)``.
+    """
+    world = default_pg()
+    if not isinstance(ranks_per_subgroup_list, (list, tuple)) or not ranks_per_subgroup_list:
+        raise ValueError(f"ranks_per_subgroup_list must be a non-empty list of rank lists, got {ranks_per_subgroup_list!r}")
+    lists = [_validate_ranks(lst, world.size(), f"ranks_per_subgroup_list[{i}]")
+             for i, lst in enumerate(ranks_per_subgroup_list)]
+    seen: dict[int, int] = {}
+    for i, lst in enumerate(lists):
+        for r in lst:
+            if r in seen:
+                raise ValueError(f"rank {r} appears in subgroups {seen[r]} and {i}: subgroups must not overlap")
+            seen[r] = i
+    return _split_many(world, lists, _check_timeout(timeout), backend, group_desc, "new_subgroups_by_enumeration")
+
+
+def split_group(
+    parent_pg: Any = None,
+    split_ranks: list[list[int]] | None = None,
+    timeout: timedelta | None = None,
+    pg_options: Any = None,
+    group_desc: str | None = None,
+    backend: Any = None,
+) -> ProcessGroup | None:
+    """Split ``parent_pg`` (default: the world) into disjoint groups.
+
+    ``split_ranks`` lists *group ranks of the parent*, as in torch. Collective
+    over the parent. Returns this rank's new group, or None when it is in none.
+    """
+    parent = resolve_group(parent_pg, "split_group") if parent_pg is not None else default_pg()
+    if parent is None:
+        raise ValueError("split_group: this rank is not a member of parent_pg")
+    if not split_ranks:
+        raise ValueError(f"split_ranks must be a non-empty list of lists of parent group ranks, got {split_ranks!r}")
+    lists = [_validate_ranks(lst, parent.size(), f"split_ranks[{i}]") for i, lst in enumerate(split_ranks)]
+    seen: set[int] = set()
+    for i, lst in enumerate(lists):
+        if seen & set(lst):
+            raise ValueError(f"split_ranks[{i}] overlaps an earlier split: {sorted(seen & set(lst))}")
+        seen |= set(lst)
+    global_lists = [[parent._ranks[r] for r in lst] for lst in lists]
+    mine, _ = _split_many(parent, global_lists, _check_timeout(timeout), backend, group_desc, "split_group")
+    return mine
+
+
+def get_group_rank(group: Any, global_rank: int) -> int:
+    """The rank in ``group`` of the process with global rank ``global_rank``."""
+    pg = _as_pg(group, "get_group_rank")
+    try:
+        return pg._g2l[global_rank]
+    except KeyError:
+        raise ValueError(f"global rank {global_rank} is not part of group {pg.group_name!r} (ranks {pg._ranks})") from None
+
+
+def get_global_rank(group: Any, group_rank: int) -> int:
+    """The global rank of the member ``group_rank`` of ``group``."""
+    pg = _as_pg(group, "get_global_rank")
+    if not isinstance(group_rank, int) or not 0 <= group_rank < pg.size():
+        raise ValueError(f"group_rank must be in 0..{pg.size() - 1} for group {pg.group_name!r}, got {group_rank!r}")
+    return pg._ranks[group_rank]
+
+
+def get_process_group_ranks(group: Any) -> list[int]:
+    """The global ranks of ``group``'s members (None: the default group)."""
+    return list(_as_pg(group, "get_process_group_ranks")._ranks)
+
+
+def _as_pg(group: Any, what: str) -> ProcessGroup:
+    if group is GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(f"{what}: this rank is not a member of the group")
+    pg = resolve_group(group, what)
+    assert pg is not None
+    return pg
+
+
+def destroy_group(pg: ProcessGroup) -> None:
+    WORLD.groups.pop(pg.group_name, None)
+    pg._free()
+
+
+def check_usable(pg: ProcessGroup) -> None:
+    if pg._destroyed:
+        raise DistBackendError(f"group {pg.group_name!r} was destroyed")

@@ -1,0 +1,325 @@
+"""Object collectives: picklable Python objects instead of arrays.
+
+Objects are pickled with protocol 5; large buffers inside them (NumPy
+arrays, bytes-like data) travel out of band, without an extra pickle copy,
+and are unpickled as views of the receive buffer. Objects of any size work
+(above 2 GiB through MPI-4's large counts).
+
+Security: unpickling runs code chosen by the sender. Use these calls only
+between ranks you trust (the ranks of your own job). Set
+``HPCDIST_OBJECT_UNPICKLER=restricted`` to allow only builtins, ``datetime``,
+``collections``, ``decimal``/``fractions`` and NumPy arrays to be unpickled.
+
+SPMD contract: as for the array collectives; every rank of the group calls,
+in the same order.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import numpy as np
+
+from . import config
+from .errors import DistTimeoutError
+from .group import ProcessGroup, resolve_group
+from .work import wait_requests
+
+__all__ = [
+    "all_gather_object",
+    "broadcast_object_list",
+    "gather_object",
+    "recv_object_list",
+    "scatter_object_list",
+    "send_object_list",
+]
+
+_HEAD = 8  # bytes of the int64 length header
+_FIRST = 8192  # bytes broadcast in the first round; small objects need one round only
+
+
+# ------------------------------------------------------------------ (de)serialization
+
+
+def dumps(obj: Any) -> np.ndarray:
+    """Pickle ``obj`` into one uint8 array: [k, len(main), len(buf_i)...] main buf_1 .. buf_k."""
+    bufs: list[pickle.PickleBuffer] = []
+    main = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
+    raws = [b.raw() for b in bufs]
+    header = np.array([len(raws), len(main), *[r.nbytes for r in raws]], dtype=np.int64)
+    total = header.nbytes + len(main) + sum(r.nbytes for r in raws)
+    out = np.empty(total, dtype=np.uint8)
+    pos = header.nbytes
+    out[:pos] = header.view(np.uint8)
+    out[pos : pos + len(main)] = np.frombuffer(main, dtype=np.uint8)
+    pos += len(main)
+    for r in raws:
+        out[pos : pos + r.nbytes] = np.frombuffer(r, dtype=np.uint8)
+        pos += r.nbytes
+    return out
+
+
+_SAFE = {
+    "builtins": {"list", "dict", "set", "frozenset", "tuple", "bytearray", "bytes", "str", "int", "float", "complex",
+                 "bool", "slice", "range", "NoneType", "object"},
+    "collections": {"OrderedDict", "defaultdict", "deque", "Counter"},
+    "datetime": {"datetime", "date", "time", "timedelta", "timezone"},
+    "decimal": {"Decimal"},
+    "fractions": {"Fraction"},
+    "numpy": {"ndarray", "dtype"},
+    "numpy.core.multiarray": {"_reconstruct", "scalar"},
+    "numpy._core.multiarray": {"_reconstruct", "scalar"},
+    "numpy.core.numeric": {"_frombuffer"},
+    "numpy._core.numeric": {"_frombuffer"},
+}
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = _SAFE.get(module)
+        if (allowed is not None and name in allowed) or (module == "numpy" and name.endswith("DType")) or \
+                module.startswith("numpy.dtypes"):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"HPCDIST_OBJECT_UNPICKLER=restricted refuses to unpickle {module}.{name}; send plain data "
+            "or set HPCDIST_OBJECT_UNPICKLER=full between trusted ranks"
+        )
+
+
+def loads(arr: np.ndarray) -> Any:
+    """Inverse of :func:`dumps`; out-of-band buffers are views of ``arr``."""
+    k = int(arr[:_HEAD].view(np.int64)[0])
+    header = arr[: _HEAD * (2 + k)].view(np.int64)
+    main_len = int(header[1])
+    pos = _HEAD * (2 + k)
+    main = arr[pos : pos + main_len].data
+    pos += main_len
+    buffers = []
+    for i in range(k):
+        n = int(header[2 + i])
+        buffers.append(arr[pos : pos + n].data)
+        pos += n
+    if config.object_unpickler() == "restricted":
+        return _RestrictedUnpickler(io.BytesIO(main), buffers=buffers).load()
+    return pickle.loads(main, buffers=buffers)
+
+
+def _wait(pg: ProcessGroup, reqs: list[Any], what: str) -> None:
+    if not wait_requests(reqs, pg._timeout_s):
+        raise DistTimeoutError(
+            f"{what} on {pg!r} did not complete within {pg._timeout_s:g}s: a peer may have died or called a "
+            "different collective"
+        )
+
+
+def _counts_displs(lengths: np.ndarray) -> tuple[list[int], list[int]]:
+    counts = [int(x) for x in lengths]
+    displs = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64).tolist()
+    return counts, displs
+
+
+def _root(pg: ProcessGroup, glob: Any, grp: Any, name: str, default_zero: bool = False) -> int:
+    from .collectives import group_rank
+
+    if default_zero and glob is None and grp is None:
+        glob = 0
+    return group_rank(pg, glob, grp, name)
+
+
+# ------------------------------------------------------------------ collectives
+
+
+def broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None, device: Any = None,
+                          group_src: int | None = None) -> None:
+    """Replace ``object_list``'s entries on every rank by those of rank ``src``.
+
+    Every rank passes a list of the same length. Objects up to ~8 KiB take one
+    MPI broadcast; larger ones two.
+    """
+    pg = resolve_group(group, "broadcast_object_list")
+    if pg is None:
+        return
+    if not isinstance(object_list, list):
+        raise TypeError(f"object_list must be a list, got {type(object_list).__name__}")
+    root = _root(pg, src, group_src, "src", default_zero=True)
+    comm = pg._comm
+    first = np.zeros(_FIRST, dtype=np.uint8)
+    payload = None
+    if pg._rank == root:
+        payload = dumps(list(object_list))
+        n = payload.size
+        first[:_HEAD] = np.array([n], dtype=np.int64).view(np.uint8)
+        k = min(n, _FIRST - _HEAD)
+        first[_HEAD : _HEAD + k] = payload[:k]
+    _wait(pg, [comm.Ibcast(first, root)], "broadcast_object_list")
+    n = int(first[:_HEAD].view(np.int64)[0])
+    if pg._rank != root:
+        payload = np.empty(n, dtype=np.uint8)
+        k = min(n, _FIRST - _HEAD)
+        payload[:k] = first[_HEAD : _HEAD + k]
+    assert payload is not None
+    if n > _FIRST - _HEAD:
+        rest = payload[_FIRST - _HEAD :]
+        _wait(pg, [comm.Ibcast(rest, root)], "broadcast_object_list")
+    if pg._rank != root:
+        received = loads(payload)
+        if len(received) != len(object_list):
+            raise ValueError(
+                f"object_list has {len(object_list)} entries here but {len(received)} on the source rank; "
+                "every rank must pass a list of the same length"
+            )
+        object_list[:] = received
+
+
+def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+    """Fill ``object_list[r]`` (a list of group-size entries) with rank ``r``'s ``obj`` on every rank."""
+    pg = resolve_group(group, "all_gather_object")
+    if pg is None:
+        return
+    if not isinstance(object_list, list) or len(object_list) != pg._size:
+        raise ValueError(
+            f"object_list must be a list with one entry per rank of the group ({pg._size}), got "
+            f"{len(object_list) if isinstance(object_list, list) else type(object_list).__name__}"
+        )
+    comm = pg._comm
+    mine = dumps(obj)
+    lengths = np.empty(pg._size, dtype=np.int64)
+    _wait(pg, [comm.Iallgather(np.array([mine.size], dtype=np.int64), lengths)], "all_gather_object")
+    counts, displs = _counts_displs(lengths)
+    flat = np.empty(int(lengths.sum()), dtype=np.uint8)
+    _wait(pg, [comm.Iallgatherv(mine, [flat, (counts, displs)])], "all_gather_object")
+    for r in range(pg._size):
+        object_list[r] = loads(flat[displs[r] : displs[r] + counts[r]])
+
+
+def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int | None = None, group: Any = None,
+                  group_dst: int | None = None) -> None:
+    """Gather every rank's ``obj`` into ``object_gather_list`` (group-size entries) on rank ``dst``."""
+    pg = resolve_group(group, "gather_object")
+    if pg is None:
+        return
+    root = _root(pg, dst, group_dst, "dst", default_zero=True)
+    is_root = pg._rank == root
+    if is_root:
+        if not isinstance(object_gather_list, list) or len(object_gather_list) != pg._size:
+            raise ValueError(
+                f"object_gather_list must be a list with one entry per rank of the group ({pg._size}) on the "
+                f"destination rank, got {object_gather_list!r:.80}"
+            )
+    elif object_gather_list is not None:
+        raise ValueError("object_gather_list must be None on ranks other than the destination")
+    comm = pg._comm
+    mine = dumps(obj)
+    lengths = np.empty(pg._size if is_root else 0, dtype=np.int64)
+    _wait(pg, [comm.Igather(np.array([mine.size], dtype=np.int64), lengths if is_root else None, root)],
+          "gather_object")
+    if not is_root:
+        _wait(pg, [comm.Igatherv(mine, None, root)], "gather_object")
+        return
+    counts, displs = _counts_displs(lengths)
+    flat = np.empty(int(lengths.sum()), dtype=np.uint8)
+    _wait(pg, [comm.Igatherv(mine, [flat, (counts, displs)], root)], "gather_object")
+    assert object_gather_list is not None
+    for r in range(pg._size):
+        object_gather_list[r] = loads(flat[displs[r] : displs[r] + counts[r]])
+
+
+def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_input_list: list[Any] | None = None,
+                        src: int | None = None, group: Any = None, group_src: int | None = None) -> None:
+    """Rank ``src`` sends ``scatter_object_input_list[r]`` to rank ``r``, stored in ``scatter_object_output_list[0]``."""
+    pg = resolve_group(group, "scatter_object_list")
+    if pg is None:
+        return
+    if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
+        raise ValueError("scatter_object_output_list must be a list with at least one entry (it receives the object)")
+    root = _root(pg, src, group_src, "src", default_zero=True)
+    is_root = pg._rank == root
+    if is_root and (not isinstance(scatter_object_input_list, list) or len(scatter_object_input_list) != pg._size):
+        raise ValueError(
+            f"scatter_object_input_list must be a list with one object per rank of the group ({pg._size}) on the "
+            "source rank"
+        )
+    comm = pg._comm
+    mylen = np.zeros(1, dtype=np.int64)
+    if is_root:
+        assert scatter_object_input_list is not None
+        parts = [dumps(o) for o in scatter_object_input_list]
+        lengths = np.array([p.size for p in parts], dtype=np.int64)
+        flat = np.concatenate(parts)
+        counts, displs = _counts_displs(lengths)
+        _wait(pg, [comm.Iscatter(lengths, mylen, root)], "scatter_object_list")
+        out = np.empty(int(mylen[0]), dtype=np.uint8)
+        _wait(pg, [comm.Iscatterv([flat, (counts, displs)], out, root)], "scatter_object_list")
+    else:
+        _wait(pg, [comm.Iscatter(None, mylen, root)], "scatter_object_list")
+        out = np.empty(int(mylen[0]), dtype=np.uint8)
+        _wait(pg, [comm.Iscatterv(None, out, root)], "scatter_object_list")
+    scatter_object_output_list[0] = loads(out)
+
+
+# ------------------------------------------------------------------ point to point
+
+
+def _object_tag() -> int:
+    from .p2p import internal_tag
+
+    return internal_tag("objects")
+
+
+def send_object_list(object_list: list[Any], dst: int | None = None, group: Any = None, device: Any = None,
+                     group_dst: int | None = None, use_batch: bool = False) -> None:
+    """Send the objects of ``object_list`` to rank ``dst`` (one MPI message)."""
+    pg = resolve_group(group, "send_object_list")
+    if pg is None:
+        return
+    if not isinstance(object_list, list):
+        raise TypeError(f"object_list must be a list, got {type(object_list).__name__}")
+    from .p2p import _peer
+
+    peer = _peer(pg, dst, group_dst, "dst", False)
+    payload = dumps(list(object_list))
+    _wait(pg, [pg._comm.Isend(payload, peer, _object_tag())], "send_object_list")
+
+
+def recv_object_list(object_list: list[Any], src: int | None = None, group: Any = None, device: Any = None,
+                     group_src: int | None = None, use_batch: bool = False) -> int:
+    """Receive objects from ``src`` (None: any rank) into ``object_list``; return the sender's global rank.
+
+    ``object_list`` must have as many entries as the sender's list.
+    """
+    pg = resolve_group(group, "recv_object_list")
+    if pg is None:
+        return -1
+    if not isinstance(object_list, list):
+        raise TypeError(f"object_list must be a list, got {type(object_list).__name__}")
+    from mpi4py import MPI
+
+    from .p2p import _peer
+
+    peer = _peer(pg, src, group_src, "src", True)
+    tag = _object_tag()
+    status = MPI.Status()
+    import time
+
+    deadline = time.monotonic() + pg._timeout_s
+    msg = pg._comm.Improbe(peer, tag, status)
+    while msg is None:
+        if time.monotonic() > deadline:
+            raise DistTimeoutError(
+                f"recv_object_list on {pg!r}: no message from {'any rank' if src is None else src} within "
+                f"{pg._timeout_s:g}s"
+            )
+        time.sleep(0.0001)
+        msg = pg._comm.Improbe(peer, tag, status)
+    buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
+    _wait(pg, [msg.Irecv(buf)], "recv_object_list")
+    received = loads(buf)
+    sender = pg._ranks[status.Get_source()]
+    if len(received) != len(object_list):
+        raise ValueError(
+            f"object_list has {len(object_list)} entries but rank {sender} sent {len(received)} objects"
+        )
+    object_list[:] = received
+    return sender

@@ -1,0 +1,187 @@
+"""Reduction operations: :class:`ReduceOp` with torch's names, mapped to MPI.
+
+``ReduceOp.SUM``, ``PRODUCT``, ``MIN``, ``MAX``, ``BAND``, ``BOR``, ``BXOR``,
+``AVG`` and ``PREMUL_SUM`` are members of :class:`RedOpType` (an ``IntEnum``
+with torch's values). ``ReduceOp.PREMUL_SUM(factor)`` (or
+``_make_nccl_premul_sum(factor)``) gives a sum that multiplies every input by
+``factor`` first.
+
+MPI has no AVG or PREMUL_SUM: hpcdist runs a SUM and scales (AVG divides by
+the group size; integer AVG truncates toward zero, as NCCL does).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+
+__all__ = ["RedOpType", "ReduceOp", "reduce_op", "resolve_op", "supports_complex", "ResolvedOp"]
+
+
+class RedOpType(enum.IntEnum):
+    """The kinds of reduction, with torch's numeric values."""
+
+    SUM = 0
+    AVG = 1
+    PRODUCT = 2
+    MIN = 3
+    MAX = 4
+    BAND = 5
+    BOR = 6
+    BXOR = 7
+    PREMUL_SUM = 8
+    UNUSED = 9
+
+    def __call__(self, factor: Any) -> _PremulSum:
+        """``ReduceOp.PREMUL_SUM(factor)``: a SUM of inputs multiplied by factor."""
+        if self is not RedOpType.PREMUL_SUM:
+            raise TypeError(f"only ReduceOp.PREMUL_SUM takes a factor; ReduceOp.{self.name} is not callable")
+        return _PremulSum(factor)
+
+
+class _PremulSum:
+    """A PREMUL_SUM bound to its factor (a Python scalar or a one-element array)."""
+
+    __slots__ = ("factor",)
+
+    def __init__(self, factor: Any) -> None:
+        if isinstance(factor, bool) or not isinstance(factor, (int, float, complex, np.number)):
+            size = getattr(factor, "size", None)
+            if size is None and hasattr(factor, "numel"):
+                size = factor.numel()
+            if size != 1:
+                raise TypeError(
+                    f"PREMUL_SUM factor must be a number or a one-element array, got {type(factor).__name__}"
+                )
+            factor = factor.item()  # type: ignore[union-attr]
+        self.factor = factor
+
+    op = RedOpType.PREMUL_SUM
+
+    def __repr__(self) -> str:
+        return f"ReduceOp.PREMUL_SUM({self.factor!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return other is RedOpType.PREMUL_SUM or (isinstance(other, _PremulSum) and other.factor == self.factor)
+
+    def __hash__(self) -> int:
+        return hash(("premul", self.factor))
+
+
+class ReduceOp:
+    """torch.distributed's ``ReduceOp``: ``ReduceOp.SUM`` etc. are :class:`RedOpType` members."""
+
+    RedOpType = RedOpType
+    SUM = RedOpType.SUM
+    AVG = RedOpType.AVG
+    PRODUCT = RedOpType.PRODUCT
+    MIN = RedOpType.MIN
+    MAX = RedOpType.MAX
+    BAND = RedOpType.BAND
+    BOR = RedOpType.BOR
+    BXOR = RedOpType.BXOR
+    PREMUL_SUM = RedOpType.PREMUL_SUM
+    UNUSED = RedOpType.UNUSED
+
+    def __new__(cls, op: Any = 0) -> Any:  # ReduceOp(ReduceOp.MAX) -> MAX
+        return RedOpType(op)
+
+
+class reduce_op:
+    """Deprecated alias of :class:`ReduceOp` kept for old torch code."""
+
+    SUM = RedOpType.SUM
+    PRODUCT = RedOpType.PRODUCT
+    MIN = RedOpType.MIN
+    MAX = RedOpType.MAX
+
+
+def _make_nccl_premul_sum(factor: Any) -> _PremulSum:
+    """torch's private constructor of a PREMUL_SUM op, kept for compatibility."""
+    return _PremulSum(factor)
+
+
+_NO_COMPLEX = {RedOpType.MAX, RedOpType.MIN, RedOpType.PRODUCT, RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR}
+_BITWISE = {RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR}
+
+
+def supports_complex(reduceOp: Any) -> bool:
+    """Whether ``reduceOp`` is defined on complex numbers (False for MAX, MIN, PRODUCT, bitwise)."""
+    op = reduceOp.op if isinstance(reduceOp, _PremulSum) else RedOpType(reduceOp)
+    return op not in _NO_COMPLEX
+
+
+class ResolvedOp:
+    """An op checked against one dtype: what MPI runs plus the scaling around it."""
+
+    __slots__ = ("average", "kind", "mpi_name", "premul")
+
+    def __init__(self, kind: RedOpType, mpi_name: str, premul: Any = None, average: bool = False) -> None:
+        self.kind = kind
+        self.mpi_name = mpi_name  # attribute of mpi4py.MPI: "SUM", "PROD", ...
+        self.premul = premul
+        self.average = average
+
+
+_MPI_NAME = {
+    RedOpType.SUM: "SUM",
+    RedOpType.AVG: "SUM",
+    RedOpType.PREMUL_SUM: "SUM",
+    RedOpType.PRODUCT: "PROD",
+    RedOpType.MIN: "MIN",
+    RedOpType.MAX: "MAX",
+    RedOpType.BAND: "BAND",
+    RedOpType.BOR: "BOR",
+    RedOpType.BXOR: "BXOR",
+}
+# bool arrays: torch reduces them as logical ops
+_BOOL_NAME = {
+    RedOpType.SUM: "LOR",
+    RedOpType.MAX: "LOR",
+    RedOpType.BOR: "LOR",
+    RedOpType.PRODUCT: "LAND",
+    RedOpType.MIN: "LAND",
+    RedOpType.BAND: "LAND",
+    RedOpType.BXOR: "LXOR",
+}
+_CACHE: dict[tuple[Any, str], ResolvedOp] = {}
+
+
+def resolve_op(op: Any, dtype: str, argname: str = "op") -> ResolvedOp:
+    """Check ``op`` against the logical dtype name; return how to run it.
+
+    Raises TypeError for a value that is no ReduceOp, ValueError for an op the
+    dtype does not support (bitwise ops on floats, MIN/MAX on complex).
+    """
+    if isinstance(op, _PremulSum):
+        base = resolve_op(RedOpType.SUM, dtype, argname)
+        if dtype == "bool":
+            raise ValueError(f"{argname}=PREMUL_SUM is not defined for bool arrays")
+        return ResolvedOp(RedOpType.PREMUL_SUM, base.mpi_name, premul=op.factor)
+    key = (op, dtype)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    try:
+        kind = RedOpType(op)
+    except (ValueError, TypeError):
+        raise TypeError(f"{argname} must be a ReduceOp (e.g. ReduceOp.SUM), got {op!r}") from None
+    if kind is RedOpType.PREMUL_SUM:
+        raise ValueError(f"{argname}=ReduceOp.PREMUL_SUM needs a factor: use ReduceOp.PREMUL_SUM(factor)")
+    if kind is RedOpType.UNUSED:
+        raise ValueError(f"{argname}=ReduceOp.UNUSED is not a reduction")
+    floating = dtype.startswith(("float", "bfloat", "complex"))
+    if kind in _BITWISE and floating:
+        raise ValueError(f"{argname}=ReduceOp.{kind.name} is bitwise and needs an integer or bool array, got dtype {dtype}")
+    if dtype.startswith("complex") and kind in _NO_COMPLEX:
+        raise ValueError(f"{argname}=ReduceOp.{kind.name} is not defined for complex dtype {dtype}")
+    if dtype == "bool":
+        if kind is RedOpType.AVG:
+            raise ValueError(f"{argname}=ReduceOp.AVG is not defined for bool arrays")
+        resolved = ResolvedOp(kind, _BOOL_NAME[kind])
+    else:
+        resolved = ResolvedOp(kind, _MPI_NAME[kind], average=kind is RedOpType.AVG)
+    _CACHE[key] = resolved
+    return resolved

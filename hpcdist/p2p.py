@@ -1,0 +1,157 @@
+"""Point-to-point: ``send``/``recv``/``isend``/``irecv``, ``P2POp``, ``batch_isend_irecv``.
+
+SPMD contract: a send to rank ``d`` with tag ``t`` matches a receive on
+``d`` from this rank (or any source) with tag ``t``, in posting order (MPI's
+non-overtaking rule). A receive whose sender never comes raises
+:class:`~hpcdist.errors.DistTimeoutError` after the group's timeout and is
+cancelled, so the group stays usable. ``dst``/``src`` are global ranks,
+``group_dst``/``group_src`` ranks in the group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .buffers.adapters import adapt
+from .group import ProcessGroup, resolve_group
+from .work import Work
+
+__all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
+
+_TAG_UB: list[int] = []
+#: tags above the user's range, for hpcdist's own point-to-point traffic
+_INTERNAL = {"objects": 1, "monitored_barrier": 2, "monitored_release": 3}
+_RESERVED = 16
+
+
+def _tag_ub() -> int:
+    if not _TAG_UB:
+        from mpi4py import MPI
+
+        _TAG_UB.append(int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767))
+    return _TAG_UB[0]
+
+
+def internal_tag(name: str) -> int:
+    """A tag reserved for hpcdist's own messages (never a user's)."""
+    return _tag_ub() - _INTERNAL[name]
+
+
+def _check_tag(tag: Any) -> int:
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
+        raise TypeError(f"tag must be an int, got {type(tag).__name__}")
+    top = _tag_ub() - _RESERVED
+    if not 0 <= tag <= top:
+        raise ValueError(f"tag must be in 0..{top} (MPI_TAG_UB less hpcdist's reserved tags), got {tag}")
+    return int(tag)
+
+
+def _peer(pg: ProcessGroup, glob: Any, grp: Any, name: str, allow_any: bool) -> int:
+    from .collectives import group_rank
+
+    if allow_any and glob is None and grp is None:
+        from mpi4py import MPI
+
+        return int(MPI.ANY_SOURCE)
+    r = group_rank(pg, glob, grp, name)
+    if r == pg._rank:
+        raise ValueError(
+            f"{name}={pg._ranks[r]} is this process's own rank: sending to or receiving from yourself would "
+            "deadlock; use a copy instead"
+        )
+    return r
+
+
+def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
+          group_dst: int | None = None) -> Work | None:
+    """Start sending ``tensor`` to rank ``dst``; return a Work (None for a non-member)."""
+    pg = resolve_group(group, "isend")
+    if pg is None:
+        return None
+    peer = _peer(pg, dst, group_dst, "dst", False)
+    t = _check_tag(tag)
+    buf = adapt(tensor, "tensor", False)
+    return pg.engine(buf.device).send(buf, peer, t)
+
+
+def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
+          group_src: int | None = None) -> Work | None:
+    """Start receiving into ``tensor`` from ``src`` (None: any rank); ``work.source_rank()`` tells who sent."""
+    pg = resolve_group(group, "irecv")
+    if pg is None:
+        return None
+    peer = _peer(pg, src, group_src, "src", True)
+    t = _check_tag(tag)
+    buf = adapt(tensor, "tensor", True)
+    return pg.engine(buf.device).recv(buf, peer, t)
+
+
+def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> None:
+    """Send ``tensor`` to rank ``dst``; returns when the buffer may be reused."""
+    work = isend(tensor, dst, group, tag, group_dst)
+    if work is not None:
+        work.wait()
+
+
+def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> int:
+    """Receive into ``tensor`` from ``src`` (None: any rank); return the sender's global rank (-1 for a non-member)."""
+    work = irecv(tensor, src, group, tag, group_src)
+    if work is None:
+        return -1
+    work.wait()
+    return work.source_rank()
+
+
+class P2POp:
+    """One point-to-point operation for :func:`batch_isend_irecv`.
+
+    ``op`` is :func:`isend` or :func:`irecv` (or ``torch.distributed``'s,
+    matched by name); ``peer``/``group_peer`` the global/group rank.
+    """
+
+    def __init__(self, op: Callable[..., Any], tensor: Any, peer: int | None = None, group: Any = None,
+                 tag: int = 0, group_peer: int | None = None) -> None:
+        name = getattr(op, "__name__", "")
+        if name not in ("isend", "irecv"):
+            raise ValueError(f"P2POp's op must be hpcdist.isend or hpcdist.irecv, got {op!r}")
+        if peer is None and group_peer is None:
+            raise ValueError("P2POp needs peer (a global rank) or group_peer (a rank in group)")
+        self.op = isend if name == "isend" else irecv
+        self.tensor = tensor
+        self.peer = peer
+        self.group = group
+        self.tag = tag
+        self.group_peer = group_peer
+
+    def __repr__(self) -> str:
+        return f"P2POp({self.op.__name__}, peer={self.peer}, group_peer={self.group_peer}, tag={self.tag})"
+
+
+def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
+    """Start every operation of the list; return their Works (wait on each).
+
+    All operations are checked before any starts, so a bad entry raises
+    with nothing sent.
+    """
+    if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
+        raise ValueError("p2p_op_list must be a non-empty list of P2POp")
+    prepared = []
+    for i, p in enumerate(p2p_op_list):
+        if not isinstance(p, P2POp):
+            raise TypeError(f"p2p_op_list[{i}] must be a P2POp, got {type(p).__name__}")
+        pg = resolve_group(p.group, "batch_isend_irecv")
+        if pg is None:
+            continue
+        is_send = p.op is isend
+        peer = _peer(pg, p.peer, p.group_peer, "peer", False)
+        tag = _check_tag(p.tag)
+        buf = adapt(p.tensor, f"p2p_op_list[{i}].tensor", not is_send)
+        prepared.append((pg, is_send, peer, tag, buf))
+    works = []
+    for pg, is_send, peer, tag, buf in prepared:
+        eng = pg.engine(buf.device)
+        works.append(eng.send(buf, peer, tag) if is_send else eng.recv(buf, peer, tag))
+    return works

@@ -1,0 +1,295 @@
+"""``Work`` handles and futures for asynchronous operations.
+
+A :class:`Work` wraps the MPI requests of one operation, the step that
+finishes it (copy-back from a staging buffer, AVG scaling, unpacking a list
+output) and references to every buffer involved, so nothing is freed while
+MPI may still touch it. Completion is detected by polling the requests with
+``MPI_Test``: spinning first (latency), then yielding the CPU with short
+sleeps (oversubscribed nodes), until the deadline, after which
+:class:`~hpcdist.errors.DistTimeoutError` is raised.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from .errors import DistBackendError, DistError, DistTimeoutError
+
+__all__ = ["Future", "Work", "completed_work", "wait_requests"]
+
+_monotonic = time.monotonic
+_sleep = time.sleep
+_SPIN_S = 0.002  # spin this long before yielding the CPU between tests
+
+
+def wait_requests(reqs: Sequence[Any], timeout_s: float, status: Any = None) -> bool:
+    """Poll ``reqs`` until all completed (True) or ``timeout_s`` passed (False).
+
+    ``status``: an ``MPI.Status`` filled from a single request on completion.
+    """
+    if len(reqs) == 1:
+        req = reqs[0]
+        if status is None:
+            test = req.Test
+        else:
+
+            def test() -> bool:
+                return bool(req.Test(status))
+
+    else:
+        from mpi4py import MPI
+
+        testall = MPI.Request.Testall
+        lst = list(reqs)
+
+        def test() -> bool:
+            return bool(testall(lst))
+
+    if test():
+        return True
+    start = _monotonic()
+    deadline = start + timeout_s
+    n = 0
+    while True:
+        n += 1
+        if test():
+            return True
+        if n & 63 == 0:
+            now = _monotonic()
+            if now >= deadline:
+                return test()
+            waited = now - start
+            if waited > _SPIN_S:
+                _sleep(0.00005 if waited < 0.05 else 0.0005 if waited < 1.0 else 0.002)
+
+
+class Work:
+    """The handle of one asynchronous operation (torch's ``Work``).
+
+    ``wait()`` blocks until the operation completed and its result is in the
+    output arrays, or raises :class:`~hpcdist.errors.DistTimeoutError` after
+    ``timeout`` (default: the group's timeout).
+    """
+
+    __slots__ = ("_done", "_exc", "_future", "_keep", "_name", "_on_timeout", "_post", "_reqs", "_result",
+                 "_source", "_status", "_timeout_s")
+
+    def __init__(
+        self,
+        reqs: Sequence[Any],
+        post: Callable[[], Any] | None,
+        keep: Any,
+        timeout_s: float,
+        name: Any,
+        result: Any = None,
+        on_timeout: Callable[[], None] | None = None,
+    ) -> None:
+        self._reqs = reqs
+        self._post = post
+        self._keep = keep
+        self._timeout_s = timeout_s
+        self._name = name
+        self._result = result
+        self._done = False
+        self._exc: BaseException | None = None
+        self._future: Future | None = None
+        self._source = -1
+        self._on_timeout = on_timeout
+        self._status: Any = None  # an MPI.Status for receives (source_rank)
+
+    def _finish(self) -> None:
+        self._done = True
+        post = self._post
+        self._post = None
+        try:
+            if post is not None:
+                out = post()
+                if out is not None:
+                    self._result = out
+        except BaseException as exc:  # keep it for exception()/is_success()
+            self._exc = exc
+        finally:
+            self._keep = None
+            self._reqs = ()
+        fut = self._future
+        if fut is not None:
+            fut._set(self._result, self._exc)
+        if self._exc is not None:
+            raise self._exc
+
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        """Block until complete; True. Raises DistTimeoutError after ``timeout``."""
+        if self._done:
+            if self._exc is not None:
+                raise self._exc
+            return True
+        if timeout is None or timeout == timedelta(0):
+            limit = self._timeout_s
+        else:
+            limit = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        if self._reqs and not wait_requests(self._reqs, limit, self._status):
+            if self._on_timeout is not None:
+                self._on_timeout()
+            name = self._name
+            desc = name if isinstance(name, str) else f"{name[0]} on {name[1]!r}"
+            exc = DistTimeoutError(
+                f"{desc} did not complete within {limit:g}s: a peer may have died, be stuck, or have "
+                "called a different operation (every rank of the group must make the same calls in the same "
+                "order); raise the timeout with init_process_group(timeout=...) or HPCDIST_TIMEOUT if it is "
+                "just slow"
+            )
+            self._exc = exc
+            if self._future is not None:
+                self._future._set(None, exc)
+            raise exc
+        self._finish()
+        return True
+
+    def synchronize(self) -> None:
+        """Same as :meth:`wait` for host work."""
+        self.wait()
+
+    def block_current_stream(self) -> None:
+        self.wait()
+
+    def is_completed(self) -> bool:
+        """Non-blocking: has the operation completed (successfully or not)?"""
+        if self._done or self._exc is not None:
+            return True
+        from mpi4py import MPI
+
+        reqs = self._reqs
+        if self._status is not None and reqs:
+            ready = reqs[0].Test(self._status)
+        else:
+            ready = not reqs or MPI.Request.Testall(list(reqs))
+        if ready:
+            try:
+                self._finish()
+            except BaseException:
+                pass
+            return True
+        return False
+
+    def is_success(self) -> bool:
+        """True when completed without error."""
+        if not self.is_completed():
+            raise DistError("is_success() called on a Work that has not completed; call wait() first")
+        return self._exc is None
+
+    def exception(self) -> BaseException | None:
+        return self._exc
+
+    def source_rank(self) -> int:
+        """The global rank a receive got its message from."""
+        if self._source < 0:
+            raise DistBackendError("source_rank() is only defined for completed receives")
+        return self._source
+
+    def result(self) -> list[Any]:
+        self.wait()
+        res = self._result
+        if res is None:
+            return []
+        return list(res) if isinstance(res, (list, tuple)) else [res]
+
+    def get_future(self) -> Future:
+        """A :class:`Future` completed with this work's result (its output arrays)."""
+        if self._future is None:
+            self._future = Future(self)
+            if self._done:
+                self._future._set(self._result, self._exc)
+        return self._future
+
+    def __repr__(self) -> str:
+        state = "completed" if self._done else "pending"
+        return f"<hpcdist.Work {self._name} {state}>"
+
+
+def completed_work(name: Any, result: Any = None) -> Work:
+    """A Work that is already complete (operations that moved nothing)."""
+    w = Work((), None, None, 0.0, name, result)
+    w._done = True
+    return w
+
+
+class Future:
+    """A minimal ``torch.futures.Future``: ``wait``, ``done``, ``value``, ``then``."""
+
+    __slots__ = ("_callbacks", "_done", "_exc", "_value", "_work")
+
+    def __init__(self, work: Work | None = None) -> None:
+        self._work = work
+        self._done = False
+        self._value: Any = None
+        self._exc: BaseException | None = None
+        self._callbacks: list[Callable[[Future], None]] = []
+
+    def _set(self, value: Any, exc: BaseException | None) -> None:
+        if self._done:
+            return
+        self._value, self._exc, self._done = value, exc, True
+        callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb(self)
+
+    def set_result(self, value: Any) -> None:
+        if self._done:
+            raise DistError("Future.set_result: the future is already completed")
+        self._set(value, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        if self._done:
+            raise DistError("Future.set_exception: the future is already completed")
+        self._set(None, exc)
+
+    def done(self) -> bool:
+        if not self._done and self._work is not None:
+            self._work.is_completed()
+        return self._done
+
+    def wait(self) -> Any:
+        """Block until done; return the value or raise the error."""
+        if not self._done:
+            if self._work is None:
+                raise DistError("Future.wait: this future has no work behind it and was never completed")
+            try:
+                self._work.wait()
+            except BaseException as exc:
+                self._set(None, exc)
+        if self._exc is not None:
+            raise self._exc
+        return self._value
+
+    def value(self) -> Any:
+        if not self._done:
+            raise DistError("Future.value() called before the future completed; call wait()")
+        if self._exc is not None:
+            raise self._exc
+        return self._value
+
+    def then(self, callback: Callable[[Future], Any]) -> Future:
+        """A new future completed with ``callback(self)`` once this one is done."""
+        child = Future(None)
+        child._work = self._work  # so child.wait() drives completion
+
+        def run(parent: Future) -> None:
+            try:
+                child._set(callback(parent), None)
+            except BaseException as exc:
+                child._set(None, exc)
+
+        if self._done:
+            run(self)
+        else:
+            self._callbacks.append(run)
+        return child
+
+    def add_done_callback(self, callback: Callable[[Future], None]) -> None:
+        if self._done:
+            callback(self)
+        else:
+            self._callbacks.append(callback)
