@@ -1,0 +1,98 @@
+"""The per-rank bootstrap's pieces and `hpcdist info`'s report, in-process."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from hpcdist import cli, info
+from hpcdist.info import collect, format_text
+from hpcdist.launch._bootstrap import PrefixWriter, _parse, set_torchrun_env
+from hpcdist.launch.ranks import RankInfo, rank_info
+
+
+def test_prefix_writer_whole_lines_once():
+    buf = io.StringIO()
+    w = PrefixWriter(buf, "[rank 3] ")
+    w.write("a")
+    w.write(" b\nc\n")
+    w.write("[rank 3] already\n")
+    w.write("tail")
+    assert buf.getvalue() == "[rank 3] a b\n[rank 3] c\n[rank 3] already\n"
+    w.flush()
+    assert buf.getvalue().endswith("[rank 3] tail")
+
+
+def test_bootstrap_argv():
+    assert _parse(["--prefix-output", "--status-dir", "/d", "--", "s.py", "--prefix-output"]) == (
+        {"prefix_output": True, "status_dir": "/d"},
+        ["s.py", "--prefix-output"],
+    )
+    assert _parse(["-m", "mod", "x"])[1] == ["-m", "mod", "x"]
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, RankInfo(None, 0, 1, 0, 1)),
+        (
+            {"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
+            RankInfo("mpiexec", 1, 4, 1, 2),
+        ),
+        (
+            {
+                "SLURM_PROCID": "3",
+                "SLURM_NTASKS": "4",
+                "SLURM_STEP_ID": "0",
+                "SLURM_LOCALID": "1",
+                "SLURM_GTIDS": "2,3",
+            },
+            RankInfo("srun", 3, 4, 1, 2),
+        ),
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "2",
+                "OMPI_COMM_WORLD_SIZE": "3",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+            },
+            RankInfo("openmpi", 2, 3, 0, 1),
+        ),
+    ],
+)
+def test_rank_info(env, expected):
+    assert rank_info(env) == expected
+
+
+def test_torchrun_variables():
+    env: dict[str, str] = {"SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "12345"}
+    set_torchrun_env(RankInfo("srun", 5, 8, 1, 4), env)
+    assert env["RANK"] == "5" and env["WORLD_SIZE"] == "8"
+    assert env["LOCAL_RANK"] == "1" and env["LOCAL_WORLD_SIZE"] == "4"
+    assert env["MASTER_ADDR"] == "gpu07" and env["MASTER_PORT"] == str(20000 + 12345 % 20000)
+    kept = {"MASTER_ADDR": "h", "MASTER_PORT": "7"}
+    set_torchrun_env(RankInfo(None, 0, 1, 0, 1), kept)
+    assert (kept["MASTER_ADDR"], kept["MASTER_PORT"]) == ("h", "7")
+
+
+@pytest.fixture(autouse=True)
+def no_mpi_import(monkeypatch):
+    """Keep mpi4py.MPI out of this process (other unit tests may initialise MPI); `hpcdist info`
+    with the real library runs in tests/integration/test_cli_run.py."""
+    monkeypatch.setattr(info, "_mpi", lambda initialize: {"mpi4py": "x", "library_version": "Fake MPI 1.0\nline 2"})
+
+
+def test_info_report_and_secrets_hidden():
+    report = collect({"HPCDIST_STORE_SECRET": "s3cret", "SLURM_JOB_ID": "9", "HOME": "/root"})
+    assert set(report) >= {"hpcdist", "python", "mpi", "launcher", "gpu", "packages", "environment"}
+    assert report["environment"] == {"HPCDIST_STORE_SECRET": "<set, hidden>", "SLURM_JOB_ID": "9"}
+    assert "s3cret" not in format_text(report) and "s3cret" not in json.dumps(report)
+    assert report["gpu"]["why"]
+
+
+def test_info_cli_json(capsys):
+    assert cli.main(["info", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["mpi"]["mpi4py"] and data["python"]["version"]

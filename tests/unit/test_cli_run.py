@@ -1,0 +1,237 @@
+"""`hpcdist run` argument handling and launch commands, without launching anything."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from hpcdist import cli
+from hpcdist.launch import run as runmod
+from hpcdist.launch.launchers import LAUNCHERS, LaunchError, LaunchSpec, read_hostfile, select_launcher
+from hpcdist.launch.run import UsageError, build_command, parse_args
+
+PY = "/opt/py/bin/python"
+BOOT = [PY, "-m", "hpcdist.launch._bootstrap"]
+
+
+@pytest.fixture
+def script(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    return "train.py"
+
+
+def which_none(_name):
+    return None
+
+
+def which_all(name):
+    return f"/usr/bin/{name}"
+
+
+def test_program_options_are_not_ours(script):
+    opts = parse_args(["-n", "4", script, "-n", "3", "--hosts", "x"])
+    assert opts.nprocs == 4
+    assert opts.program == [script, "-n", "3", "--hosts", "x"]
+    assert opts.hosts == []
+
+
+@pytest.mark.parametrize(
+    "argv, program",
+    [
+        (["-n", "2", "-m", "pkg.mod", "-n", "5"], ["-m", "pkg.mod", "-n", "5"]),
+        (["-mpkg.mod", "a"], ["-m", "pkg.mod", "a"]),
+    ],
+)
+def test_module_form(argv, program):
+    assert parse_args(argv).program == program
+
+
+def test_forms_of_n(script):
+    assert parse_args(["-n3", script]).nprocs == 3
+    assert parse_args(["--nprocs=5", script]).nprocs == 5
+    assert parse_args(["-np", "2", script]).nprocs == 2
+    assert parse_args([script]).nprocs == 1
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-n", "0", "x.py"], "-n/--nprocs: expected an integer >= 1, got 0"),
+        (["-n", "two", "x.py"], "-n/--nprocs: expected an integer >= 1, got 'two'"),
+        (["-n", "2"], "missing program"),
+        (["-n", "2", "missing.py"], "script 'missing.py' not found"),
+        (["-m"], "-m: expected a module name"),
+        (["--timeout", "0", "-m", "x"], "--timeout: expected a number of seconds > 0, got '0'"),
+        (["--hosts", "a", "--hostfile", "f", "-m", "x"], "--hosts and --hostfile"),
+        (["--hosts", "n[1-", "-m", "x"], "--hosts: hostlist: unclosed"),
+        (["--bogus", "-m", "x"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_input_messages(argv, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as info:
+        parse_args(argv)
+    assert message in str(info.value)
+
+
+def test_main_prints_one_line_and_exits_2(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "-n", "0", "x.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("hpcdist run: -n/--nprocs")
+
+
+def test_cli_unknown_command(capsys):
+    assert cli.main(["frobnicate"]) == 2
+    assert "unknown command 'frobnicate'" in capsys.readouterr().err
+
+
+def test_hydra_command(script):
+    opts = parse_args(["-n", "4", "--hosts", "node[01-02]", "--prefix-output", script, "a"])
+    cmd, env = build_command(opts, {}, "/tmp/st", python=PY, which=which_all, flavour=lambda exe: "hydra")
+    assert cmd == [
+        "/usr/bin/mpiexec",
+        "-n",
+        "4",
+        "-hosts",
+        "node01,node02",
+        *BOOT,
+        "--prefix-output",
+        "--status-dir",
+        "/tmp/st",
+        "--",
+        script,
+        "a",
+    ]
+    assert env["MASTER_ADDR"] == "node01" and env["MASTER_PORT"] == "29500"
+    assert env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_openmpi_command_exports_master_vars(script):
+    opts = parse_args(["-n", "2", "--hostfile", "hosts.txt", script])
+    spec_cmd = LAUNCHERS["openmpi"].build(
+        "/usr/bin/mpirun",
+        LaunchSpec(nprocs=2, program=["p"], hostfile="hosts.txt", export=["MASTER_ADDR", "MASTER_PORT"]),
+    )
+    assert spec_cmd == [
+        "/usr/bin/mpirun",
+        "-n",
+        "2",
+        "--hostfile",
+        "hosts.txt",
+        "-x",
+        "MASTER_ADDR",
+        "-x",
+        "MASTER_PORT",
+        "p",
+    ]
+    assert opts.hostfile == "hosts.txt"
+
+
+def test_srun_inside_allocation(script):
+    opts = parse_args(["-n", "2", script])
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "c[3-4]"}
+    cmd, child = build_command(opts, env, None, python=PY, which=which_all)
+    assert cmd == ["/usr/bin/srun", "--mpi=pmi2", "--ntasks=2", "--kill-on-bad-exit=1", *BOOT, "--", script]
+    assert child["MASTER_ADDR"] == "c3"
+
+
+def test_srun_options(script):
+    opts = parse_args(["-n", "8", "--hosts", "c[1-2]", "--srun-mpi", "pmix", "--launcher-arg=--cpu-bind=cores", script])
+    cmd, _ = build_command(opts, {"SLURM_JOB_ID": "1"}, None, python=PY, which=which_all)
+    assert cmd[:6] == [
+        "/usr/bin/srun",
+        "--mpi=pmix",
+        "--ntasks=8",
+        "--kill-on-bad-exit=1",
+        "--nodelist=c1,c2",
+        "--cpu-bind=cores",
+    ]
+
+
+def test_mpiexec_flag_wins_over_slurm(script, tmp_path):
+    fake = tmp_path / "mympiexec"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    opts = parse_args(["-n", "2", "--mpiexec", str(fake), script])
+    cmd, _ = build_command(opts, {"SLURM_JOB_ID": "1"}, None, python=PY, which=which_all, flavour=lambda e: "hydra")
+    assert cmd[:3] == [str(fake), "-n", "2"]
+
+
+def test_user_master_vars_are_kept(script):
+    opts = parse_args(["-n", "2", script])
+    _, env = build_command(
+        opts,
+        {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"},
+        None,
+        python=PY,
+        which=which_all,
+        flavour=lambda e: "hydra",
+    )
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "1234")
+
+
+def test_local_run_picks_a_free_port(script):
+    opts = parse_args(["-n", "2", script])
+    _, env = build_command(opts, {}, None, python=PY, which=which_all, flavour=lambda e: "hydra")
+    assert env["MASTER_ADDR"] == "127.0.0.1" and 0 < int(env["MASTER_PORT"]) < 65536
+
+
+def test_mpiexec_next_to_python_first(tmp_path):
+    (tmp_path / "bin").mkdir()
+    exe = tmp_path / "bin" / "mpiexec"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    launcher, path = select_launcher(
+        "auto", None, {}, which=which_all, flavour=lambda e: "hydra", python=str(tmp_path / "bin" / "python")
+    )
+    assert (launcher.name, path) == ("hydra", str(exe))
+
+
+def test_no_mpi_found_is_one_clear_error(tmp_path):
+    with pytest.raises(LaunchError, match="no MPI launcher found") as info:
+        select_launcher("auto", None, {}, which=which_none, python=str(tmp_path / "python"))
+    assert "pip install mpich" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unknown_launcher_name(tmp_path):
+    with pytest.raises(LaunchError, match="--launcher: expected auto, mpiexec or one of"):
+        select_launcher("pbsdsh", "/bin/sh", {}, which=which_all)
+
+
+def test_srun_requested_but_missing():
+    with pytest.raises(LaunchError, match="srun not found"):
+        select_launcher("srun", None, {}, which=which_none)
+
+
+def test_generic_launcher_refuses_hosts():
+    with pytest.raises(LaunchError, match="--hosts/--hostfile"):
+        LAUNCHERS["generic"].build("/x/mpiexec", LaunchSpec(nprocs=2, program=["p"], hosts=["a"]))
+
+
+def test_read_hostfile(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("# comment\nnode1:4\nnode2 slots=4\n\nnode3\n")
+    assert read_hostfile(str(f)) == ["node1", "node2", "node3"]
+    with pytest.raises(LaunchError, match="--hostfile: cannot read"):
+        read_hostfile(str(tmp_path / "nope"))
+
+
+def test_launcher_that_cannot_start(script, monkeypatch, capsys):
+    def boom(*a, **k):
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(runmod.subprocess, "Popen", boom)
+    monkeypatch.setattr(runmod, "select_launcher", lambda *a, **k: (LAUNCHERS["hydra"], "/gone/mpiexec"))
+    assert runmod.main(["-n", "2", script]) == 1
+    err = capsys.readouterr().err
+    assert err == "hpcdist run: cannot start launcher '/gone/mpiexec': No such file or directory\n"
+
+
+def test_dry_run_prints_command(script, capsys, monkeypatch):
+    monkeypatch.setattr(runmod, "select_launcher", lambda *a, **k: (LAUNCHERS["hydra"], "/x/mpiexec"))
+    assert runmod.main(["--dry-run", "-n", "3", script]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("/x/mpiexec -n 3 ") and sys.executable in out and out.rstrip().endswith(f"-- {script}")

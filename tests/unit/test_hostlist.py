@@ -1,0 +1,68 @@
+"""Slurm hostlist expansion against known answers (what `scontrol show hostnames` prints)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcdist.launch.hostlist import expand_hostlist, parse_tasks_per_node
+
+KNOWN = [
+    ("", []),
+    ("node1", ["node1"]),
+    ("a,b,c", ["a", "b", "c"]),
+    (" a , b ", ["a", "b"]),
+    ("node[01-04,10]", ["node01", "node02", "node03", "node04", "node10"]),
+    ("node[1-3]", ["node1", "node2", "node3"]),
+    ("n[8-11]", ["n8", "n9", "n10", "n11"]),
+    ("n[098-101]", ["n098", "n099", "n100", "n101"]),
+    ("a[1-2]b[3-4]", ["a1b3", "a1b4", "a2b3", "a2b4"]),
+    ("gpu[1-2]-ib", ["gpu1-ib", "gpu2-ib"]),
+    ("login,node[1-2],gpu[07,09]", ["login", "node1", "node2", "gpu07", "gpu09"]),
+    ("c[1,3-4]x,d", ["c1x", "c3x", "c4x", "d"]),
+    ("r[0-1]n[00-01]", ["r0n00", "r0n01", "r1n00", "r1n01"]),
+    ("node[5]", ["node5"]),
+    ("a,a", ["a", "a"]),
+]
+
+
+@pytest.mark.parametrize("text, hosts", KNOWN)
+def test_expand_known(text, hosts):
+    assert expand_hostlist(text) == hosts
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("node[1-", "unclosed"),
+        ("node]", "unmatched"),
+        ("node[]", "empty"),
+        ("node[3-1]", "backwards"),
+        ("node[a-b]", "bad range"),
+        ("node[[1]]", "nested"),
+        ("node[1-2-3]", "bad range"),
+        ("node[0-99999999]", "more than"),
+    ],
+)
+def test_expand_bad_input_names_the_problem(text, words):
+    with pytest.raises(ValueError, match="hostlist") as info:
+        expand_hostlist(text)
+    assert words in str(info.value)
+    assert repr(text) in str(info.value) or text in str(info.value)
+
+
+def test_expand_rejects_non_str():
+    with pytest.raises(TypeError, match="hostlist must be a str, got list"):
+        expand_hostlist(["a"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "spec, counts",
+    [("2", [2]), ("2(x3),1", [2, 2, 2, 1]), ("4(x2)", [4, 4]), ("1,2,3", [1, 2, 3])],
+)
+def test_tasks_per_node(spec, counts):
+    assert parse_tasks_per_node(spec) == counts
+
+
+def test_tasks_per_node_bad():
+    with pytest.raises(ValueError, match="SLURM_TASKS_PER_NODE"):
+        parse_tasks_per_node("2(3)")
