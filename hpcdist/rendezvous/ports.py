@@ -1,0 +1,214 @@
+"""Join independent processes into one MPI intracommunicator through MPI ports.
+
+Processes that no MPI launcher started are MPI singletons (``COMM_WORLD`` has
+size 1). Given a store they all reach, :func:`join_over_ports` makes one
+intracommunicator of ``world_size`` processes in rank order:
+
+1. **Arrival.** Each process announces itself in the store and waits until
+   all ``world_size`` have; on timeout it says how many of how many arrived
+   and which ranks are missing. Nobody calls a blocking MPI function before
+   every peer is known to be alive.
+2. **Doubling merge.** In round ``r`` the processes form blocks of ``2**r``
+   consecutive ranks, each already one intracommunicator. An even block
+   accepts (collectively, root = its lowest rank, which opened an MPI port
+   and published the port name in the store) and the odd block after it
+   connects; ``Intercomm_merge`` with the lower block first keeps rank
+   order. ``ceil(log2(world_size))`` rounds; a block without a partner
+   waits for the next round. Before calling ``Accept`` every process of the
+   lower block waits in the store until the upper block announced that it
+   is about to connect, so ``Accept`` (which has no timeout) only runs when
+   its peer is there; ``Connect`` is given MPICH's ``timeout`` info key.
+
+Store keys live under ``hpcdist/join/<generation>/``; the generation is a
+per-rank counter, so joining again over the same store (a second
+``init_process_group``) uses fresh keys.
+
+Known: MPICH 5.0.x fails connect/accept between singletons ("Local and
+remote groups in MPI_Intercomm_create must not overlap"); it is refused up
+front with :class:`~hpcdist.errors.DistBackendError`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from hpcdist.errors import DistBackendError, DistTimeoutError
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from hpcdist.store import Store
+
+__all__ = ["check_mpi_supports_ports", "join_over_ports"]
+
+_KEY_ROOT = "hpcdist/join"
+_FIX = (
+    "install an MPI whose MPI_Comm_connect/accept works between singleton processes "
+    "(pip install 'mpich>=4.3,<4.4' for the embedded MPI), or start the processes with an MPI launcher "
+    "(mpiexec -n N / srun) and use init_method='mpi://'"
+)
+_BROKEN = re.compile(r"MPICH Version:\s*5\.0(\.|\b)")
+
+
+def check_mpi_supports_ports() -> None:
+    """Refuse an MPI known to break connect/accept between singletons."""
+    from mpi4py import MPI
+
+    version = MPI.Get_library_version()
+    if _BROKEN.search(version):
+        first = version.strip().splitlines()[0]
+        raise DistBackendError(
+            f"{first}: MPICH 5.0.x cannot join processes started without an MPI launcher "
+            f"(its MPI_Comm_connect/accept between singletons fails with 'Local and remote groups in "
+            f"MPI_Intercomm_create must not overlap'); {_FIX}"
+        )
+
+
+class _Deadline:
+    """Seconds left until a fixed point in time."""
+
+    def __init__(self, timeout: timedelta) -> None:
+        self.total = timeout.total_seconds()
+        self.end = time.monotonic() + self.total
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def wait(self, store: Store, keys: list[str], on_timeout: Callable[[], str]) -> None:
+        """``store.wait(keys)`` within the deadline; DistTimeoutError(on_timeout()) when late."""
+        try:
+            left = self.left()
+            if left <= 0:
+                raise DistTimeoutError("deadline passed")
+            store.wait(keys, timedelta(seconds=left))
+        except Exception as exc:
+            if self.left() > 0.05 and not isinstance(exc, DistTimeoutError | TimeoutError):
+                raise
+            raise DistTimeoutError(on_timeout()) from None
+
+
+def _arrive(store: Store, prefix: str, rank: int, world_size: int, deadline: _Deadline) -> None:
+    """Announce this process and wait for all ``world_size`` to have done so."""
+    store.set(f"{prefix}/arrived/{rank}", f"{socket.gethostname()}:{os.getpid()}")
+    count = store.add(f"{prefix}/count", 1)
+    if count > world_size:
+        raise ValueError(
+            f"rendezvous: {count} processes joined for world_size={world_size}; two processes were given "
+            f"the same rank, or the store is shared with another job (use a fresh MASTER_PORT or file)"
+        )
+    if count == world_size:
+        store.set(f"{prefix}/all", "1")
+
+    def message() -> str:
+        joined = store.add(f"{prefix}/count", 0)
+        missing = [r for r in range(min(world_size, 256)) if not store.check([f"{prefix}/arrived/{r}"])]
+        shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
+        return (
+            f"rendezvous timed out after {deadline.total:g} s: {joined} of {world_size} processes joined "
+            f"(missing rank(s): {shown or '?'}); start all {world_size} processes with the same "
+            f"MASTER_ADDR/MASTER_PORT (or URL) and distinct RANK 0..{world_size - 1}, or raise the timeout"
+        )
+
+    deadline.wait(store, [f"{prefix}/all"], message)
+
+
+def _info_timeout(seconds: float) -> MPI.Info:
+    from mpi4py import MPI
+
+    info = MPI.Info.Create()
+    info.Set("timeout", str(max(1, int(seconds))))
+    return info
+
+
+def _merge_round(
+    comm: MPI.Intracomm,
+    store: Store,
+    prefix: str,
+    rank: int,
+    world_size: int,
+    r: int,
+    port: str | None,
+    deadline: _Deadline,
+) -> tuple[MPI.Intracomm, str | None]:
+    """One doubling round; returns the (possibly merged) intracomm and this rank's port."""
+    from mpi4py import MPI
+
+    span = 1 << r
+    block = rank >> r
+    leader = block << r
+    if block % 2 == 0:
+        partner = leader + span
+        if partner >= world_size:
+            return comm, port
+        if rank == leader and port is None:
+            port = MPI.Open_port()
+            store.set(f"{prefix}/port/{leader}", port)
+        deadline.wait(
+            store,
+            [f"{prefix}/ready/{r}/{partner}"],
+            lambda: f"rendezvous: ranks {partner}.. never connected in merge round {r} (a process died?)",
+        )
+        inter = comm.Accept(port if port is not None and rank == leader else "", root=0)
+        merged = inter.Merge(high=False)
+    else:
+        lower = leader - span
+        key = f"{prefix}/port/{lower}"
+        deadline.wait(store, [key], lambda: f"rendezvous: rank {lower} never published its MPI port in round {r}")
+        peer_port = store.get(key).decode() if rank == leader else ""
+        if rank == leader:
+            store.set(f"{prefix}/ready/{r}/{leader}", "1")
+        info = _info_timeout(deadline.left())
+        try:
+            inter = comm.Connect(peer_port, info, root=0)
+        finally:
+            info.Free()
+        merged = inter.Merge(high=True)
+    inter.Free()
+    if comm != MPI.COMM_SELF:
+        comm.Free()
+    return merged, port
+
+
+def join_over_ports(store: Store, rank: int, world_size: int, timeout: timedelta) -> MPI.Intracomm:
+    """One intracommunicator of ``world_size`` processes, rank ``rank`` here.
+
+    SPMD: all ``world_size`` processes call it with the same store and their
+    distinct ranks. Raises DistTimeoutError ("k of N joined") when some never
+    arrive within ``timeout``; DistBackendError when MPI cannot connect them.
+    """
+    from mpi4py import MPI
+
+    check_mpi_supports_ports()
+    deadline = _Deadline(timeout)
+    generation = store.add(f"{_KEY_ROOT}/generation/{rank}", 1)
+    prefix = f"{_KEY_ROOT}/{generation}"
+    _arrive(store, prefix, rank, world_size, deadline)
+    comm: MPI.Intracomm = MPI.COMM_SELF
+    port: str | None = None
+    try:
+        r = 0
+        while (1 << r) < world_size:
+            comm, port = _merge_round(comm, store, prefix, rank, world_size, r, port, deadline)
+            r += 1
+    except MPI.Exception as exc:
+        raise DistBackendError(
+            f"rendezvous: MPI could not connect rank {rank} to its peers ({exc.Get_error_string().strip()}) "
+            f"with {MPI.Get_library_version().strip().splitlines()[0]}; {_FIX}"
+        ) from exc
+    finally:
+        if port is not None:
+            MPI.Close_port(port)
+    if comm == MPI.COMM_SELF:
+        comm = MPI.COMM_SELF.Dup()
+    if comm.Get_rank() != rank or comm.Get_size() != world_size:
+        raise DistBackendError(
+            f"rendezvous: built a communicator where this process is rank {comm.Get_rank()} of "
+            f"{comm.Get_size()}, expected {rank} of {world_size}; this is a bug in hpcdist, please report it"
+        )
+    return comm

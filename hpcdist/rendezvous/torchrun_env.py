@@ -1,0 +1,75 @@
+"""Export torchrun's environment variables after init, for third-party code.
+
+Libraries written for ``torchrun`` read ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``.
+Under ``mpiexec``/``srun`` nobody sets them; :func:`export_torchrun_env` does.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import TYPE_CHECKING
+
+from hpcdist.rendezvous.group_store import host_address
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from hpcdist.store import Store
+
+__all__ = ["TORCHRUN_VARS", "export_torchrun_env"]
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def _master(store: Store | None, single_node: bool) -> tuple[str, str]:
+    """Rank 0's view of MASTER_ADDR/MASTER_PORT: what is set, else the TCP store's, else fresh."""
+    addr = os.environ.get("MASTER_ADDR", "").strip()
+    port = os.environ.get("MASTER_PORT", "").strip()
+    store_host = getattr(store, "host", None)
+    store_port = getattr(store, "port", None)
+    if not addr:
+        addr = str(store_host) if store_host else ("127.0.0.1" if single_node else host_address())
+    if not port:
+        port = str(store_port) if store_port else str(_free_port())
+    return addr, port
+
+
+def export_torchrun_env(comm: MPI.Intracomm, rank: int, world_size: int, *, store: Store | None = None) -> None:
+    """Set torchrun's variables in ``os.environ`` from the joined world.
+
+    SPMD: collective over ``comm`` (a node-local split and one broadcast).
+    ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` are set to the
+    truth (rewritten only when they differ). ``MASTER_ADDR``/``MASTER_PORT``
+    are rank 0's: its values when it has them set, else the address of the
+    TCP ``store`` when given, else rank 0's host (127.0.0.1 on a single node)
+    and a port that was free on it; every rank gets the same pair.
+    """
+    from mpi4py import MPI
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    try:
+        local_rank, local_size = local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
+    single_node = local_size == world_size
+    master = _master(store, single_node) if comm.Get_rank() == 0 else None
+    addr, port = comm.bcast(master, root=0)
+    values = {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_size),
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": port,
+    }
+    for name, value in values.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
