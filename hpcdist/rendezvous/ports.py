@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     from hpcdist.store import Store
 
-__all__ = ["check_mpi_supports_ports", "join_over_ports"]
+__all__ = ["broken_mpi_reason", "check_mpi_supports_ports", "join_over_ports"]
 
 _KEY_ROOT = "hpcdist/join"
 _FIX = (
@@ -56,18 +56,25 @@ _FIX = (
 _BROKEN = re.compile(r"MPICH Version:\s*5\.0(\.|\b)")
 
 
-def check_mpi_supports_ports() -> None:
-    """Refuse an MPI known to break connect/accept between singletons."""
-    from mpi4py import MPI
-
-    version = MPI.Get_library_version()
-    if _BROKEN.search(version):
-        first = version.strip().splitlines()[0]
-        raise DistBackendError(
+def broken_mpi_reason(library_version: str) -> str | None:
+    """Why the MPI named by ``MPI_Get_library_version`` cannot join singletons, or None."""
+    if _BROKEN.search(library_version):
+        first = library_version.strip().splitlines()[0]
+        return (
             f"{first}: MPICH 5.0.x cannot join processes started without an MPI launcher "
             f"(its MPI_Comm_connect/accept between singletons fails with 'Local and remote groups in "
             f"MPI_Intercomm_create must not overlap'); {_FIX}"
         )
+    return None
+
+
+def check_mpi_supports_ports() -> None:
+    """Refuse, with DistBackendError, an MPI known to break connect/accept between singletons."""
+    from mpi4py import MPI
+
+    reason = broken_mpi_reason(MPI.Get_library_version())
+    if reason is not None:
+        raise DistBackendError(reason)
 
 
 class _Deadline:
