@@ -34,7 +34,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
 
-from ..errors import DistStoreError, DistTimeoutError, QueueEmptyError
+from ..errors import DistStoreError, QueueEmptyError
 from ._state import KVState, parse_int
 from .base import DEFAULT_STORE_TIMEOUT, Store, timeout_error
 
@@ -256,8 +256,17 @@ class _FileLog:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 
 
-def _poll(attempt: Callable[[], tuple[bool, T]], op: str, keys: list[str], timeout: float) -> T:
-    """Call ``attempt`` until it reports done, sleeping between tries; time out after ``timeout`` s."""
+def _poll(
+    attempt: Callable[[], tuple[bool, T]],
+    op: str,
+    keys: list[str],
+    timeout: float,
+    missing: Callable[[], list[str]] | None = None,
+) -> T:
+    """Call ``attempt`` until it reports done, sleeping between tries.
+
+    After ``timeout`` s raise DistTimeoutError naming ``missing()`` (or ``keys``).
+    """
     deadline = time.monotonic() + timeout
     delay = _POLL_MIN
     while True:
@@ -266,7 +275,7 @@ def _poll(attempt: Callable[[], tuple[bool, T]], op: str, keys: list[str], timeo
             return value
         left = deadline - time.monotonic()
         if left <= 0:
-            raise timeout_error(op, keys, timeout)
+            raise timeout_error(op, (missing() if missing else None) or keys, timeout)
         time.sleep(min(delay, left))
         delay = min(delay * 2, _POLL_MAX)
 
@@ -363,7 +372,7 @@ class FileStore(Store):
         def attempt() -> tuple[bool, None]:
             return self._log.read(lambda s: s.has_all(keys)), None
 
-        _poll(attempt, "wait", keys, timeout)
+        _poll(attempt, "wait", keys, timeout, self._missing(keys))
 
     def _check(self, keys: list[str]) -> bool:
         return self._log.read(lambda s: s.has_all(keys))
@@ -386,12 +395,10 @@ class FileStore(Store):
 
             return self._log.read(look)
 
-        op = "multi_get" if len(keys) > 1 else "get"
-        try:
-            return _poll(attempt, op, keys, timeout)
-        except DistTimeoutError:
-            missing = self._log.read(lambda s: s.missing(keys)) or keys
-            raise timeout_error(op, missing, timeout) from None
+        return _poll(attempt, "multi_get" if len(keys) > 1 else "get", keys, timeout, self._missing(keys))
+
+    def _missing(self, keys: list[str]) -> Callable[[], list[str]]:
+        return lambda: self._log.read(lambda s: s.missing(keys))
 
     def _multi_set(self, keys: list[str], values: list[bytes]) -> None:
         self._log.mutate(lambda s: (None, [(R_SET, k, v) for k, v in zip(keys, values)]))
