@@ -19,7 +19,8 @@ environment. It:
 
 PROGRAM is ``script.py [args...]`` or ``-m module [args...]``. OPTIONS:
 ``--prefix-output``, ``--status-dir DIR`` (where a failing rank writes
-``rank-N.json``).
+``rank-N.json``), ``--map-gpu`` (set ``CUDA_VISIBLE_DEVICES`` to the
+``LOCAL_RANK``-th of the node's visible GPUs, so each rank sees one device).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class PrefixWriter:
 
 
 def _parse(argv: list[str]) -> tuple[dict[str, str | bool], list[str]]:
-    opts: dict[str, str | bool] = {"prefix_output": False, "status_dir": ""}
+    opts: dict[str, str | bool] = {"prefix_output": False, "status_dir": "", "map_gpu": False}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -103,6 +104,8 @@ def _parse(argv: list[str]) -> tuple[dict[str, str | bool], list[str]]:
             return opts, argv[i + 1 :]
         if arg == "--prefix-output":
             opts["prefix_output"] = True
+        elif arg == "--map-gpu":
+            opts["map_gpu"] = True
         elif arg == "--status-dir" and i + 1 < len(argv):
             opts["status_dir"] = argv[i + 1]
             i += 1
@@ -134,6 +137,18 @@ def set_torchrun_env(info: RankInfo, env: MutableMapping[str, str] | None = None
     if not env.get("MASTER_PORT"):
         job = env.get("SLURM_JOB_ID", "")
         env["MASTER_PORT"] = str(20000 + int(job) % 20000) if job.isdigit() else "29500"
+
+
+def map_gpu(info: RankInfo, env: MutableMapping[str, str] | None = None) -> str:
+    """Give this rank one GPU: the ``local_rank``-th of ``CUDA_VISIBLE_DEVICES`` (or of
+    ``0..local_size-1`` when unset), round-robin when ranks outnumber GPUs. Returns it."""
+    env = os.environ if env is None else env
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if not visible:
+        visible = [str(i) for i in range(info.local_size)]
+    device = visible[info.local_rank % len(visible)].strip()
+    env["CUDA_VISIBLE_DEVICES"] = device
+    return device
 
 
 def _trim(tb: TracebackType | None) -> TracebackType | None:
@@ -216,6 +231,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("hpcdist bootstrap: missing program (script.py or -m module)")
     info = rank_info()
     set_torchrun_env(info)
+    if opts["map_gpu"]:
+        map_gpu(info)
     if opts["prefix_output"]:
         sys.stdout = PrefixWriter(sys.stdout, f"[rank {info.rank}] ")  # type: ignore[assignment]
         sys.stderr = PrefixWriter(sys.stderr, f"[rank {info.rank}] ")  # type: ignore[assignment]

@@ -54,6 +54,7 @@ class RunOptions:
     hosts: list[str]
     hostfile: str | None
     prefix_output: bool
+    map_gpu: bool
     mpiexec: str | None
     launcher: str
     launcher_args: list[str]
@@ -68,6 +69,7 @@ def _parser() -> _Parser:
     p.add_argument("--hosts", action="append", default=[], help="hosts, a comma list or hostlist (node[01-04])")
     p.add_argument("--hostfile", help="a hostfile as the launcher reads it (host or host:slots lines)")
     p.add_argument("--prefix-output", action="store_true", help="start every output line with [rank N]")
+    p.add_argument("--map-gpu", action="store_true", help="give each rank one GPU (CUDA_VISIBLE_DEVICES by local rank)")
     p.add_argument("--mpiexec", help="the mpiexec to use (default: next to python, else on PATH)")
     p.add_argument("--launcher", default="auto", help="auto (default), mpiexec, srun, hydra, openmpi, generic")
     p.add_argument(
@@ -162,6 +164,7 @@ def parse_args(argv: list[str]) -> RunOptions:
         hosts=hosts,
         hostfile=ns.hostfile,
         prefix_output=ns.prefix_output,
+        map_gpu=ns.map_gpu,
         mpiexec=ns.mpiexec,
         launcher=ns.launcher,
         launcher_args=ns.launcher_args,
@@ -198,6 +201,8 @@ def build_command(
     boot = [python or sys.executable, "-m", "hpcdist.launch._bootstrap"]
     if opts.prefix_output:
         boot.append("--prefix-output")
+    if opts.map_gpu:
+        boot.append("--map-gpu")
     if status_dir:
         boot += ["--status-dir", status_dir]
     spec = LaunchSpec(

@@ -9,7 +9,7 @@ import pytest
 
 from hpcdist import cli, info
 from hpcdist.info import collect, format_text
-from hpcdist.launch._bootstrap import PrefixWriter, _parse, set_torchrun_env
+from hpcdist.launch._bootstrap import PrefixWriter, _parse, map_gpu, set_torchrun_env
 from hpcdist.launch.ranks import RankInfo, rank_info
 
 
@@ -27,7 +27,7 @@ def test_prefix_writer_whole_lines_once():
 
 def test_bootstrap_argv():
     assert _parse(["--prefix-output", "--status-dir", "/d", "--", "s.py", "--prefix-output"]) == (
-        {"prefix_output": True, "status_dir": "/d"},
+        {"prefix_output": True, "status_dir": "/d", "map_gpu": False},
         ["s.py", "--prefix-output"],
     )
     assert _parse(["-m", "mod", "x"])[1] == ["-m", "mod", "x"]
@@ -96,3 +96,13 @@ def test_info_cli_json(capsys):
     assert cli.main(["info", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["mpi"]["mpi4py"] and data["python"]["version"]
+
+
+@pytest.mark.parametrize(
+    "visible, local_rank, local_size, device",
+    [(None, 1, 4, "1"), ("4,5,6,7", 2, 4, "6"), ("0,1", 3, 4, "1"), ("GPU-ab,GPU-cd", 0, 2, "GPU-ab")],
+)
+def test_map_gpu(visible, local_rank, local_size, device):
+    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert map_gpu(RankInfo("srun", 0, 8, local_rank, local_size), env) == device
+    assert env["CUDA_VISIBLE_DEVICES"] == device
