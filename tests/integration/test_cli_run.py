@@ -1,0 +1,180 @@
+"""`hpcdist run` and `hpcdist info` for real: processes under the embedded mpiexec."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMIT = 90  # seconds for one launched job
+
+
+def hpcdist(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = LIMIT):
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    full_env.pop("SLURM_JOB_ID", None)  # these tests use mpiexec even inside an allocation
+    return subprocess.run(
+        [sys.executable, "-m", "hpcdist", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def write(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+@pytest.mark.timeout(120)
+def test_run_sets_torchrun_variables_and_passes_args(tmp_path):
+    script = write(
+        tmp_path,
+        "env.py",
+        """
+        import os, sys
+        keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        print("ENV", *(os.environ[k] for k in keys), *sys.argv[1:], flush=True)
+        """,
+    )
+    proc = hpcdist("run", "-n", "2", script, "-n", "7", "--x")
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(line.split() for line in proc.stdout.splitlines() if line.startswith("ENV"))
+    assert [ln[1:5] for ln in lines] == [["0", "2", "0", "2"], ["1", "2", "1", "2"]]
+    assert lines[0][5] == "127.0.0.1" and lines[0][6] == lines[1][6]
+    assert all(ln[7:] == ["-n", "7", "--x"] for ln in lines)
+
+
+@pytest.mark.timeout(120)
+def test_run_forms_one_world_and_prefixes_output(tmp_path):
+    script = write(
+        tmp_path,
+        "world.py",
+        """
+        import numpy as np
+        import hpcdist as dist
+        dist.init_process_group("mpi")
+        x = np.array([dist.get_rank() + 1.0])
+        dist.all_reduce(x)
+        print(f"size {dist.get_world_size()} sum {x[0]:g}")
+        dist.destroy_process_group()
+        """,
+    )
+    proc = hpcdist("run", "-n", "2", "--prefix-output", script)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["[rank 0] size 2 sum 3", "[rank 1] size 2 sum 3"]
+
+
+@pytest.mark.timeout(120)
+def test_run_module_form(tmp_path):
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "job.py").write_text(
+        "import os, sys\nprint('MOD', __name__, os.environ['RANK'], sys.argv[1:])\n"
+    )
+    proc = hpcdist("run", "-n", "2", "-m", "mypkg.job", "a", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.split("\n"))[1:] == ["MOD __main__ 0 ['a']", "MOD __main__ 1 ['a']"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("init", [True, False], ids=["after-init", "before-init"])
+def test_exception_on_rank_1_ends_job_traceback_once(tmp_path, init):
+    script = write(
+        tmp_path,
+        "boom.py",
+        f"""
+        import os, time
+        import hpcdist as dist
+        if {init}:
+            dist.init_process_group("mpi")
+        def fail():
+            raise ValueError("rank one is broken")
+        if os.environ["RANK"] == "1":
+            fail()
+        if {init}:
+            dist.barrier()  # rank 0 would wait here forever without the abort
+        else:
+            time.sleep(60)
+        """,
+    )
+    proc = hpcdist("run", "-n", "2", script, timeout=60)
+    assert proc.returncode != 0
+    err = proc.stderr + proc.stdout
+    assert err.count("ValueError: rank one is broken") == 2  # traceback once, summary line once
+    assert "[rank 1] Traceback (most recent call last):" in err
+    assert err.count("Traceback (most recent call last)") == 1
+    assert '[rank 1]     raise ValueError("rank one is broken")' in err
+    assert "hpcdist run: rank 1 failed: ValueError: rank one is broken" in proc.stderr
+    assert "_bootstrap" not in err and "runpy" not in err
+
+
+@pytest.mark.timeout(60)
+def test_bad_input_one_line(tmp_path):
+    for args, needle in (
+        (("run", "-n", "0", "x.py"), "-n/--nprocs: expected an integer >= 1, got 0"),
+        (("run", "-n", "2", "missing.py"), "script 'missing.py' not found"),
+        (("run", "-n", "2"), "missing program"),
+        (("run", "--mpiexec", "/nonexistent/mpiexec", "-m", "x"), "--mpiexec: expected an executable file"),
+    ):
+        proc = hpcdist(*args, cwd=tmp_path, timeout=30)
+        assert proc.returncode != 0
+        assert proc.stderr.count("\n") == 1 and needle in proc.stderr, proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_failing_launcher_one_line(tmp_path):
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.chmod(0o755)
+    script = write(tmp_path, "ok.py", "print('never')\n")
+    proc = hpcdist("run", "-n", "2", "--mpiexec", str(fake), script, timeout=30)
+    assert proc.returncode == 3
+    assert proc.stderr == "hpcdist run: mpiexec exited with status 3\n"
+
+
+@pytest.mark.timeout(60)
+def test_timeout_ends_job(tmp_path):
+    script = write(tmp_path, "sleep.py", "import time\ntime.sleep(60)\n")
+    proc = hpcdist("run", "-n", "2", "--timeout", "2", script, timeout=40)
+    assert proc.returncode == 124
+    assert "hpcdist run: timed out after 2 s" in proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_info_text_and_json():
+    text = hpcdist("info", timeout=45)
+    assert text.returncode == 0, text.stderr
+    for needle in ("hpcdist:", "mpi4py", "library_version", "launcher:", "cuda_aware", "environment:"):
+        assert needle in text.stdout
+    js = hpcdist("info", "--json", timeout=45)
+    data = json.loads(js.stdout)
+    assert data["mpi"]["library_version"]
+    assert data["mpi"]["kind"] in ("system", "embedded (mpich wheel from PyPI)")
+    assert data["launcher"]["detected"].startswith("none")
+
+
+@pytest.mark.timeout(60)
+def test_info_under_mpiexec_sees_the_launcher():
+    from hpcdist.launch.launchers import find_mpiexec
+
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        pytest.skip("no mpiexec")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [mpiexec, "-n", "1", sys.executable, "-m", "hpcdist", "info", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=45,
+    )
+    assert json.loads(proc.stdout)["launcher"]["detected"] in ("mpiexec", "intelmpi", "openmpi")
