@@ -11,7 +11,8 @@ intracommunicator of ``world_size`` processes in rank order:
 2. **Doubling merge.** In round ``r`` the processes form blocks of ``2**r``
    consecutive ranks, each already one intracommunicator. An even block
    accepts (collectively, root = its lowest rank, which opened an MPI port
-   and published the port name in the store) and the odd block after it
+   and publishes its name in the store under a key of this round, so no
+   connector of a later round can reach an earlier Accept) and the odd block after it
    connects; ``Intercomm_merge`` with the lower block first keeps rank
    order. ``ceil(log2(world_size))`` rounds; a block without a partner
    waits for the next round. Before calling ``Accept`` every process of the
@@ -30,15 +31,12 @@ front with :class:`~hpcdist.errors.DistBackendError`.
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import time
-from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from hpcdist.errors import DistBackendError, DistTimeoutError
+from hpcdist.errors import DistBackendError
+from hpcdist.rendezvous.arrival import Deadline, arrive
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -77,54 +75,6 @@ def check_mpi_supports_ports() -> None:
         raise DistBackendError(reason)
 
 
-class _Deadline:
-    """Seconds left until a fixed point in time."""
-
-    def __init__(self, timeout: timedelta) -> None:
-        self.total = timeout.total_seconds()
-        self.end = time.monotonic() + self.total
-
-    def left(self) -> float:
-        return self.end - time.monotonic()
-
-    def wait(self, store: Store, keys: list[str], on_timeout: Callable[[], str]) -> None:
-        """``store.wait(keys)`` within the deadline; DistTimeoutError(on_timeout()) when late."""
-        try:
-            left = self.left()
-            if left <= 0:
-                raise DistTimeoutError("deadline passed")
-            store.wait(keys, timedelta(seconds=left))
-        except Exception as exc:
-            if self.left() > 0.05 and not isinstance(exc, DistTimeoutError | TimeoutError):
-                raise
-            raise DistTimeoutError(on_timeout()) from None
-
-
-def _arrive(store: Store, prefix: str, rank: int, world_size: int, deadline: _Deadline) -> None:
-    """Announce this process and wait for all ``world_size`` to have done so."""
-    store.set(f"{prefix}/arrived/{rank}", f"{socket.gethostname()}:{os.getpid()}")
-    count = store.add(f"{prefix}/count", 1)
-    if count > world_size:
-        raise ValueError(
-            f"rendezvous: {count} processes joined for world_size={world_size}; two processes were given "
-            f"the same rank, or the store is shared with another job (use a fresh MASTER_PORT or file)"
-        )
-    if count == world_size:
-        store.set(f"{prefix}/all", "1")
-
-    def message() -> str:
-        joined = store.add(f"{prefix}/count", 0)
-        missing = [r for r in range(min(world_size, 256)) if not store.check([f"{prefix}/arrived/{r}"])]
-        shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
-        return (
-            f"rendezvous timed out after {deadline.total:g} s: {joined} of {world_size} processes joined "
-            f"(missing rank(s): {shown or '?'}); start all {world_size} processes with the same "
-            f"MASTER_ADDR/MASTER_PORT (or URL) and distinct RANK 0..{world_size - 1}, or raise the timeout"
-        )
-
-    deadline.wait(store, [f"{prefix}/all"], message)
-
-
 def _info_timeout(seconds: float) -> MPI.Info:
     from mpi4py import MPI
 
@@ -141,7 +91,7 @@ def _merge_round(
     world_size: int,
     r: int,
     port: str | None,
-    deadline: _Deadline,
+    deadline: Deadline,
 ) -> tuple[MPI.Intracomm, str | None]:
     """One doubling round; returns the (possibly merged) intracomm and this rank's port."""
     from mpi4py import MPI
@@ -153,20 +103,23 @@ def _merge_round(
         partner = leader + span
         if partner >= world_size:
             return comm, port
-        if rank == leader and port is None:
-            port = MPI.Open_port()
-            store.set(f"{prefix}/port/{leader}", port)
+        if rank == leader:
+            if port is None:
+                port = MPI.Open_port()
+            # a key per round: a connector of a later round must not reach this port
+            # while it still accepts the connector of an earlier round
+            store.set(f"{prefix}/port/{r}/{leader}", port)
         deadline.wait(
             store,
             [f"{prefix}/ready/{r}/{partner}"],
-            lambda: f"rendezvous: ranks {partner}.. never connected in merge round {r} (a process died?)",
+            lambda lost: f"rendezvous: ranks {partner}.. never connected in merge round {r} (a process died?)",
         )
         inter = comm.Accept(port if port is not None and rank == leader else "", root=0)
         merged = inter.Merge(high=False)
     else:
         lower = leader - span
-        key = f"{prefix}/port/{lower}"
-        deadline.wait(store, [key], lambda: f"rendezvous: rank {lower} never published its MPI port in round {r}")
+        key = f"{prefix}/port/{r}/{lower}"
+        deadline.wait(store, [key], lambda lost: f"rendezvous: rank {lower} never published its MPI port in round {r}")
         peer_port = store.get(key).decode() if rank == leader else ""
         if rank == leader:
             store.set(f"{prefix}/ready/{r}/{leader}", "1")
@@ -192,10 +145,10 @@ def join_over_ports(store: Store, rank: int, world_size: int, timeout: timedelta
     from mpi4py import MPI
 
     check_mpi_supports_ports()
-    deadline = _Deadline(timeout)
+    deadline = Deadline(timeout)
     generation = store.add(f"{_KEY_ROOT}/generation/{rank}", 1)
     prefix = f"{_KEY_ROOT}/{generation}"
-    _arrive(store, prefix, rank, world_size, deadline)
+    arrive(store, prefix, rank, world_size, deadline)
     comm: MPI.Intracomm = MPI.COMM_SELF
     port: str | None = None
     try:

@@ -1,0 +1,125 @@
+"""Wait, within a deadline, until every process of a rendezvous has announced itself.
+
+The store is served by rank 0's process. When rank 0 gives up (its own
+timeout) its server goes away, so the others keep a snapshot of who had
+arrived (refreshed about once a second while they wait) and can still say
+how many of how many joined.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from hpcdist.errors import DistNetworkError, DistTimeoutError
+
+if TYPE_CHECKING:
+    from hpcdist.store import Store
+
+__all__ = ["Deadline", "arrive"]
+
+#: How long one store.wait lasts before the snapshot of arrivals is refreshed.
+_SLICE = 1.0
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, TimeoutError) or "timeout" in text or "timed out" in text
+
+
+def _is_lost_server(exc: BaseException) -> bool:
+    return isinstance(exc, DistNetworkError | ConnectionError | OSError) or type(exc).__name__ == "DistNetworkError"
+
+
+class Deadline:
+    """A fixed point in time and waits on a store that end there."""
+
+    def __init__(self, timeout: timedelta) -> None:
+        self.total = timeout.total_seconds()
+        self.end = time.monotonic() + self.total
+
+    def left(self) -> float:
+        """Seconds until the deadline (negative once passed)."""
+        return self.end - time.monotonic()
+
+    def wait(
+        self,
+        store: Store,
+        keys: list[str],
+        message: Callable[[bool], str],
+        refresh: Callable[[], None] | None = None,
+    ) -> None:
+        """``store.wait(keys)`` until the deadline, calling ``refresh`` between slices.
+
+        Raises DistTimeoutError(``message(lost)``) when the deadline passes or
+        the store's server goes away (``lost=True``: rank 0 gave up or died).
+        """
+        step = self.total if refresh is None else _SLICE
+        while True:
+            left = self.left()
+            if left <= 0:
+                raise DistTimeoutError(message(False))
+            try:
+                store.wait(keys, timedelta(seconds=max(0.001, min(left, step))))
+                return
+            except Exception as exc:
+                if _is_lost_server(exc) and not isinstance(exc, TimeoutError):
+                    raise DistTimeoutError(message(True)) from None
+                if not _is_timeout(exc):
+                    raise
+            if refresh is not None:
+                try:
+                    refresh()
+                except Exception as exc:
+                    if _is_lost_server(exc):
+                        raise DistTimeoutError(message(True)) from None
+                    raise
+
+
+def arrive(store: Store, prefix: str, rank: int, world_size: int, deadline: Deadline) -> None:
+    """Announce ``rank`` under ``prefix`` and wait until all ``world_size`` did.
+
+    SPMD: every rank 0..world_size-1 calls it once with the same ``prefix``.
+    Raises DistTimeoutError "k of N processes joined (missing rank(s): ...)"
+    when some never come; ValueError when more than ``world_size`` come.
+    """
+    who, count_key, all_key = f"{prefix}/who", f"{prefix}/count", f"{prefix}/all"
+    store.append(who, f"{rank} ")
+    count = store.add(count_key, 1)
+    if count > world_size:
+        raise ValueError(
+            f"rendezvous: {count} processes joined for world_size={world_size}; two processes were given "
+            f"the same rank, or the store is shared with another job (use a fresh MASTER_PORT or file)"
+        )
+    if count == world_size:
+        store.set(all_key, "1")
+    seen: dict[str, object] = {"count": count, "ranks": None}
+
+    def refresh() -> None:
+        seen["count"] = store.add(count_key, 0)
+        seen["ranks"] = {int(x) for x in store.get(who).split()}
+
+    def message(lost: bool) -> str:
+        if not lost:
+            try:
+                refresh()
+            except Exception:
+                lost = True
+        ranks = seen["ranks"]
+        missing = "?" if not isinstance(ranks, set) else ", ".join(str(r) for r in range(world_size) if r not in ranks)
+        if len(missing) > 80:
+            missing = missing[:80] + " ..."
+        why = (
+            "the rendezvous store went away (rank 0, which serves it, gave up or failed); last seen: "
+            if lost
+            else f"rendezvous timed out after {deadline.total:g} s: "
+        )
+        return (
+            f"{why}{seen['count']} of {world_size} processes joined (missing rank(s): {missing}); start all "
+            f"{world_size} processes with the same MASTER_ADDR/MASTER_PORT (or URL) and distinct RANK "
+            f"0..{world_size - 1}, or raise the timeout"
+        )
+
+    deadline.wait(store, [all_key], message, refresh)

@@ -1,0 +1,220 @@
+"""Processes started by multiprocessing join one MPI communicator in rank order.
+
+Each test starts 2, 3 or 4 fresh (spawned) processes that rendezvous through
+env://, tcp://, file:// or a given store, then check rank order and an MPI
+allreduce on the joined communicator. Every test has a hard time limit and
+kills its processes when done.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+from datetime import timedelta
+
+import pytest
+
+CTX = mp.get_context("spawn")
+LIMIT = 60  # seconds for one multi-process test, start-up included (2 shared cores)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _clean_launcher_env() -> None:
+    for name in list(os.environ):
+        if name.startswith(("PMI_", "PMIX_", "OMPI_", "SLURM_", "MV2_", "PALS_", "JSM_", "FLUX_", "HYDRA_")):
+            del os.environ[name]
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        os.environ.pop(name, None)
+    os.environ["HPCDIST_ABORT_ON_EXCEPTION"] = "0"
+
+
+def _make_store(how: str, rank: int, n: int, where: str, timeout: timedelta):
+    from hpcdist.store import FileStore, TCPStore
+
+    if how == "store-file":
+        return FileStore(where, n)
+    return TCPStore("127.0.0.1", int(where), n, rank == 0, timeout, wait_for_workers=False)
+
+
+def worker(rank: int, n: int, how: str, where: str, timeout_s: float, via: str, out) -> None:
+    """One process: join as ``how`` says, report what it sees on ``out``."""
+    _clean_launcher_env()
+    timeout = timedelta(seconds=timeout_s)
+    init_method: str | None = None
+    store = None
+    if how == "env":
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=where)
+    elif how == "tcp":
+        init_method = f"tcp://127.0.0.1:{where}?rank={rank}&world_size={n}"
+    elif how == "file":
+        init_method = f"file://{where}"
+    t0 = time.monotonic()
+    try:
+        if how.startswith("store"):
+            store = _make_store(how, rank, n, where, timeout)
+        if via == "join":
+            from hpcdist.rendezvous import join_world
+
+            args = {"rank": rank, "world_size": n} if how in ("file", "store-file", "store-tcp") else {}
+            joined = join_world(init_method, store=store, timeout=timeout, **{"rank": -1, "world_size": -1, **args})
+            comm = joined.comm
+            report = (
+                comm.Get_rank(),
+                comm.Get_size(),
+                comm.allreduce(rank + 1),
+                comm.allgather(rank),
+                type(joined.store).__name__,
+                joined.launcher,
+            )
+        else:
+            import torch
+
+            import hpcdist as dist
+
+            kwargs = {"rank": rank, "world_size": n} if how in ("file", "store-file", "store-tcp") else {}
+            dist.init_process_group("gloo", init_method=init_method, store=store, timeout=timeout, **kwargs)
+            x = torch.tensor([float(rank + 1)])
+            dist.all_reduce(x)
+            gathered = [torch.zeros(1) for _ in range(n)]
+            dist.all_gather(gathered, torch.tensor([float(rank)]))
+            env = tuple(os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
+            report = (
+                dist.get_rank(),
+                dist.get_world_size(),
+                int(x.item()),
+                [int(g.item()) for g in gathered],
+                env,
+                None,
+            )
+            dist.destroy_process_group()
+        out.put(("ok", rank, report, time.monotonic() - t0))
+    except BaseException as exc:  # reported to the test, which asserts on it
+        out.put(("error", rank, (type(exc).__name__, str(exc)), time.monotonic() - t0))
+
+
+def run_group(n: int, how: str, where: str, *, start: int | None = None, timeout_s: float = 40.0, via: str = "join"):
+    """Start ``start`` (default ``n``) of ``n`` ranks; return their reports by rank."""
+    out = CTX.Queue()
+    procs = [
+        CTX.Process(target=worker, args=(r, n, how, where, timeout_s, via, out), daemon=True)
+        for r in range(start if start is not None else n)
+    ]
+    for p in procs:
+        p.start()
+    results = {}
+    deadline = time.monotonic() + LIMIT
+    try:
+        while len(results) < len(procs):
+            try:
+                status, rank, payload, elapsed = out.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"only {len(results)} of {len(procs)} processes reported within {LIMIT}s: {results}")
+            results[rank] = (status, payload, elapsed)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    return results
+
+
+def assert_joined(results, n: int, store_type: str | None = None) -> None:
+    for rank in range(n):
+        status, payload, _ = results[rank]
+        assert status == "ok", f"rank {rank}: {payload}"
+        comm_rank, size, total, ranks, stype, launcher = payload
+        assert (comm_rank, size) == (rank, n)
+        assert total == n * (n + 1) // 2
+        assert ranks == list(range(n))
+        if store_type is not None:
+            assert stype == store_type
+            assert launcher is None
+
+
+@pytest.mark.timeout(LIMIT + 30)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_env(n):
+    assert_joined(run_group(n, "env", str(free_port())), n, "TCPStore")
+
+
+@pytest.mark.timeout(LIMIT + 30)
+def test_tcp():
+    assert_joined(run_group(3, "tcp", str(free_port())), 3, "TCPStore")
+
+
+@pytest.mark.timeout(LIMIT + 30)
+def test_file(tmp_path):
+    # file:///path with rank= and world_size= given as arguments
+    assert_joined(run_group(3, "file", str(tmp_path / "rdzv")), 3, "FileStore")
+
+
+@pytest.mark.timeout(LIMIT + 30)
+def test_given_file_store(tmp_path):
+    assert_joined(run_group(2, "store-file", str(tmp_path / "store")), 2, "FileStore")
+
+
+@pytest.mark.timeout(LIMIT + 30)
+def test_given_tcp_store():
+    assert_joined(run_group(2, "store-tcp", str(free_port())), 2, "TCPStore")
+
+
+@pytest.mark.timeout(LIMIT + 30)
+def test_peer_never_arrives():
+    """world_size=3, only 2 start: both fail within the timeout, saying 2 of 3 joined."""
+    timeout_s = 4.0
+    results = run_group(3, "env", str(free_port()), start=2, timeout_s=timeout_s)
+    for rank in (0, 1):
+        status, (kind, message), elapsed = results[rank]
+        assert status == "error" and kind == "DistTimeoutError", (rank, kind, message)
+        assert "2 of 3" in message and "missing rank(s): 2" in message
+        assert elapsed < timeout_s + 3.0
+
+
+@pytest.mark.timeout(LIMIT + 30)
+def test_rank0_never_arrives():
+    """A client whose server (rank 0) never starts gives a timeout naming rank 0's address."""
+    out = CTX.Queue()
+    port = str(free_port())
+    p = CTX.Process(target=worker, args=(1, 2, "tcp", port, 3.0, "join", out), daemon=True)
+    p.start()
+    try:
+        status, _rank, (kind, message), elapsed = out.get(timeout=LIMIT)
+    finally:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+    assert (status, kind) == ("error", "DistTimeoutError"), message
+    assert f"127.0.0.1:{port}" in message and "rank 0" in message
+    assert elapsed < 3.0 + 5.0
+
+
+@pytest.mark.timeout(LIMIT + 30)
+@pytest.mark.parametrize("n", [2, 3])
+def test_init_process_group_env(n):
+    """Through the public API: hpcdist.init_process_group('gloo') with env://, torch tensors."""
+    results = run_group(n, "env", str(free_port()), via="dist")
+    for rank in range(n):
+        status, payload, _ = results[rank]
+        assert status == "ok", f"rank {rank}: {payload}"
+        got_rank, size, total, gathered, env, _ = payload
+        assert (got_rank, size, total, gathered) == (rank, n, n * (n + 1) // 2, list(range(n)))
+        assert env == (str(rank), str(n), str(rank), str(n))
+
+
+@pytest.mark.timeout(LIMIT + 30)
+def test_init_process_group_file(tmp_path):
+    n = 2
+    results = run_group(n, "file", f"{tmp_path / 'rdzv'}", via="dist")
+    for rank in range(n):
+        status, payload, _ = results[rank]
+        assert status == "ok", f"rank {rank}: {payload}"
+        assert payload[:4] == (rank, n, 3, [0, 1])
