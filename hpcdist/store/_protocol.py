@@ -54,7 +54,7 @@ HEADER = struct.Struct("!IB")
 # --- opcodes (client -> server) -------------------------------------------------
 OP_HELLO = 1  # server -> client greeting (uses the opcode space)
 OP_AUTH = 2
-OP_SET = 10
+OP_SET = 10  # [key, value]; the server sends no reply
 OP_GET = 11  # [timeout_ms, key]
 OP_ADD = 12  # [key, amount]
 OP_COMPARE_SET = 13  # [key, expected, desired]

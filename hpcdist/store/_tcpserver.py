@@ -523,9 +523,9 @@ class TCPServer:
             raise P.ProtocolError(f"expected {n} arguments, got {len(args)}")
 
     def _h_set(self, conn: _Conn, args: list[bytes]) -> None:
+        # No reply (torch's design): the client does not wait for set to be acknowledged.
         self._nargs(args, 2)
         self._state.data[args[0]] = args[1]
-        self._reply(conn, P.ST_OK, [])
         if self._kwait:
             self._notify(args[0])
 

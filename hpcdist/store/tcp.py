@@ -436,8 +436,7 @@ class TCPStore(Store):
                 f"the TCPStore server at {self._where()} failed to prove it knows the secret; refusing it"
             )
 
-    def _call(self, op: int, parts: list[bytes], guard: float) -> tuple[int, list[bytes]]:
-        """Send one request and return the reply (status, args); ``guard`` caps the wait for it."""
+    def _encode(self, op: int, parts: list[bytes]) -> list[bytes]:
         pieces = P.encode(op, parts)
         size = sum(len(p) for p in pieces) - 4
         if size > self._max_frame:
@@ -445,6 +444,14 @@ class TCPStore(Store):
                 f"{P.OP_NAMES.get(op, op)}: request of {size} bytes exceeds max_frame_bytes={self._max_frame}; "
                 "store smaller values or raise max_frame_bytes on every process"
             )
+        return pieces
+
+    def _call(self, op: int, parts: list[bytes], guard: float, reply: bool = True) -> tuple[int, list[bytes]]:
+        """Send one request and return the reply (status, args); ``guard`` caps the wait for it.
+
+        With ``reply=False`` (``set``) only send, and return ``(ST_OK, [])``.
+        """
+        pieces = self._encode(op, parts)
         with self._lock:
             link = self._link
             if link.chan is None:
@@ -455,7 +462,7 @@ class TCPStore(Store):
             try:
                 chan.settimeout(guard)
                 chan.send(pieces)
-                return chan.recv()
+                return chan.recv() if reply else (P.ST_OK, [])
             except TimeoutError:
                 link.chan = None
                 chan.close()
@@ -504,7 +511,10 @@ class TCPStore(Store):
         self._timeout = check_timeout(timeout)
 
     def _set(self, key: str, value: bytes) -> None:
-        self._ok(P.OP_SET, [key.encode(), value])
+        # Like torch, set is not acknowledged: later requests of this store object
+        # see it (one connection is served in order); other clients see it once the
+        # server has read it, so synchronise them with get/wait, never with check.
+        self._call(P.OP_SET, [key.encode(), value], self.timeout.total_seconds(), reply=False)
 
     def _get(self, key: str, timeout: float) -> bytes:
         return self._ok(P.OP_GET, [_ms(timeout), key.encode()], timeout, [key])[0]
