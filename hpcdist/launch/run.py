@@ -64,7 +64,12 @@ class RunOptions:
 
 
 def _parser() -> _Parser:
-    p = _Parser(prog="hpcdist run", description="Launch N ranks of a Python script or module with MPI (or srun).")
+    p = _Parser(
+        prog="hpcdist run",
+        usage="hpcdist run [options] (script.py | -m module) [args ...]",
+        description="Launch N ranks of a Python script or module with MPI (or srun inside a Slurm allocation). "
+        "Everything after the script or module goes to the program.",
+    )
     p.add_argument("-n", "--nprocs", "-np", dest="nprocs", default="1", help="number of ranks (default 1)")
     p.add_argument("--hosts", action="append", default=[], help="hosts, a comma list or hostlist (node[01-04])")
     p.add_argument("--hostfile", help="a hostfile as the launcher reads it (host or host:slots lines)")
@@ -73,7 +78,11 @@ def _parser() -> _Parser:
     p.add_argument("--mpiexec", help="the mpiexec to use (default: next to python, else on PATH)")
     p.add_argument("--launcher", default="auto", help="auto (default), mpiexec, srun, hydra, openmpi, generic")
     p.add_argument(
-        "--launcher-arg", dest="launcher_args", action="append", default=[], help="pass one argument to the launcher"
+        "--launcher-arg",
+        dest="launcher_args",
+        action="append",
+        default=[],
+        help="pass one argument to the launcher (write --launcher-arg=--flag for flags)",
     )
     p.add_argument("--srun-mpi", default="pmi2", help="srun --mpi= type (default pmi2, which the embedded MPICH needs)")
     p.add_argument("--timeout", help="end the job after this many seconds (exit 124)")
