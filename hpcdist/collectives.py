@@ -50,10 +50,11 @@ __all__ = [
 SUM = RedOpType.SUM
 
 
-def _done(work: Work, async_op: bool) -> Work | None:
+def _done(work: Work | None, async_op: bool) -> Work | None:
     if async_op:
         return work
-    work.wait()
+    if work is not None:
+        work.wait()
     return None
 
 
@@ -112,7 +113,7 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
         return None
     root = group_rank(pg, src, group_src, "src")
     buf = adapt(tensor, "tensor", pg._rank != root)
-    return _done(pg.engine(buf.device).broadcast(buf, root), async_op)
+    return _done(pg.engine(buf.device).broadcast(buf, root, sync=not async_op), async_op)
 
 
 def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = False) -> Work | None:
@@ -126,10 +127,11 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
         return None
     buf = adapt(tensor, "tensor", True)
     rop = resolve_op(op, buf.dtype)
-    work = pg.engine(buf.device).all_reduce(buf, rop)
+    work = pg.engine(buf.device).all_reduce(buf, rop, not async_op)
     if async_op:
         return work
-    work.wait()
+    if work is not None:
+        work.wait()
     return None
 
 
@@ -142,7 +144,7 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = SUM, group: Any = None
     root = group_rank(pg, dst, group_dst, "dst")
     buf = adapt(tensor, "tensor", pg._rank == root)
     rop = resolve_op(op, buf.dtype)
-    return _done(pg.engine(buf.device).reduce(buf, root, rop), async_op)
+    return _done(pg.engine(buf.device).reduce(buf, root, rop, sync=not async_op), async_op)
 
 
 def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, async_op: bool = False) -> Work | None:
@@ -156,7 +158,7 @@ def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, a
     _same_kind(bufs[0], bufs[1:], "tensors")
     rop = resolve_op(op, bufs[0].dtype, "op")
     if bufs[0].device != "cpu":
-        works = [pg.engine(b.device).all_reduce(b, rop) for b in bufs]
+        works = [pg.engine(b.device).all_reduce(b, rop, sync=False) for b in bufs]
         return _done(combine(works, "all_reduce_coalesced", pg), async_op)
     flat = np.concatenate([b.arr.reshape(-1) for b in bufs])
 
@@ -170,10 +172,10 @@ def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, a
                 b.writeback()
 
     packed = Buf(flat, tensors, bufs[0].dtype, "cpu", unpack)
-    return _done(pg.engine("cpu").all_reduce(packed, rop), async_op)
+    return _done(pg.engine("cpu").all_reduce(packed, rop, sync=not async_op), async_op)
 
 
-def combine(works: list[Work], name: str, pg: ProcessGroup) -> Work:
+def combine(works: list[Any], name: str, pg: ProcessGroup) -> Work:
     """One Work over several: completes when all did, finishing each in order."""
     reqs = [r for w in works for r in w._reqs]
     for w in works:
@@ -210,7 +212,7 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
             f"tensor_list[{pg._rank}] (this rank's slot) has {outs[pg._rank].arr.size} elements but tensor has "
             f"{inp.arr.size}; they must match"
         )
-    return _done(pg.engine(inp.device).all_gather(outs, inp), async_op)
+    return _done(pg.engine(inp.device).all_gather(outs, inp, sync=not async_op), async_op)
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
@@ -227,7 +229,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
             f"output_tensor must have group size x input size = {pg._size} x {inp.arr.size} = "
             f"{pg._size * inp.arr.size} elements, got {out.arr.size}"
         )
-    return _done(pg.engine(inp.device).all_gather_into(out, inp), async_op)
+    return _done(pg.engine(inp.device).all_gather_into(out, inp, sync=not async_op), async_op)
 
 
 def all_gather_single(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
@@ -257,7 +259,7 @@ def all_gather_coalesced(output_tensor_lists: list[list[Any]], input_tensor_list
         if outs[pg._rank].arr.size != inp.arr.size:
             raise ValueError(f"output_tensor_lists[{i}][{pg._rank}] must have the size of input_tensor_list[{i}]")
         checked.append((outs, inp))
-    works = [pg.engine(inp.device).all_gather(outs, inp) for outs, inp in checked]
+    works = [pg.engine(inp.device).all_gather(outs, inp, sync=False) for outs, inp in checked]
     return _done(combine(works, "all_gather_coalesced", pg), async_op)
 
 
@@ -284,7 +286,7 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
             raise ValueError(f"gather_list[{root}] must have tensor's size {inp.arr.size}, got {outs[root].arr.size}")
     elif gather_list:
         raise ValueError("gather_list must be None or empty on ranks other than the destination")
-    return _done(pg.engine(inp.device).gather(inp, outs, root), async_op)
+    return _done(pg.engine(inp.device).gather(inp, outs, root, sync=not async_op), async_op)
 
 
 def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None = None, group: Any = None,
@@ -310,7 +312,7 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
             raise ValueError(f"scatter_list[{root}] must have tensor's size {out.arr.size}, got {ins[root].arr.size}")
     elif scatter_list:
         raise ValueError("scatter_list must be None or empty on ranks other than the source")
-    return _done(pg.engine(out.device).scatter(out, ins, root), async_op)
+    return _done(pg.engine(out.device).scatter(out, ins, root, sync=not async_op), async_op)
 
 
 # ------------------------------------------------------------------ reduce-scatter
@@ -336,7 +338,7 @@ def reduce_scatter(output: Any, input_list: list[Any], op: Any = SUM, group: Any
             f"{out.arr.size}; they must match"
         )
     rop = resolve_op(op, out.dtype)
-    return _done(pg.engine(out.device).reduce_scatter(out, ins, rop), async_op)
+    return _done(pg.engine(out.device).reduce_scatter(out, ins, rop, sync=not async_op), async_op)
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = SUM, group: Any = None,
@@ -354,7 +356,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = SUM, group: Any = N
             f"elements, got {inp.arr.size}"
         )
     rop = resolve_op(op, out.dtype)
-    return _done(pg.engine(out.device).reduce_scatter_tensor(out, inp, rop), async_op)
+    return _done(pg.engine(out.device).reduce_scatter_tensor(out, inp, rop, sync=not async_op), async_op)
 
 
 def reduce_scatter_single(output: Any, input: Any, op: Any = SUM, group: Any = None,
@@ -380,7 +382,7 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
     _same_kind(ins[0], outs, "output_tensor_list")
     if ins[pg._rank].arr.size != outs[pg._rank].arr.size:
         raise ValueError(f"input_tensor_list[{pg._rank}] and output_tensor_list[{pg._rank}] (this rank to itself) must have equal sizes")
-    return _done(pg.engine(ins[0].device).all_to_all(outs, ins), async_op)
+    return _done(pg.engine(ins[0].device).all_to_all(outs, ins, sync=not async_op), async_op)
 
 
 def _split_counts(splits: Any, n: int, rows: int, row_elems: int, argname: str, tensor_name: str) -> list[int]:
@@ -430,7 +432,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Any = None, i
             f"{rcounts[pg._rank] // max(out_row, 1)}; input_split_sizes[{pg._rank}] and "
             f"output_split_sizes[{pg._rank}] must match"
         )
-    return _done(pg.engine(inp.device).all_to_all_single(out, inp, rcounts, scounts), async_op)
+    return _done(pg.engine(inp.device).all_to_all_single(out, inp, rcounts, scounts, sync=not async_op), async_op)
 
 
 # ------------------------------------------------------------------ barrier
@@ -444,8 +446,8 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
         return None
     if timeout is not None and not isinstance(timeout, timedelta):
         raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
-    work = pg.engine("cpu").barrier()
-    if async_op:
-        return work
-    work.wait(timeout)
-    return None
+    work = pg.engine("cpu").barrier(sync=not async_op and timeout is None)
+    if work is not None and not async_op:
+        work.wait(timeout)
+        return None
+    return work

@@ -17,6 +17,11 @@ Knobs are read when asked for (never at import time), so a program may set
 ``HPCDIST_STORE_SECRET_FILE``    a file (mode 0600) holding that secret
 ``HPCDIST_OBJECT_UNPICKLER``     ``full`` (default) or ``restricted``: what
                                  object collectives may unpickle
+``HPCDIST_WAIT``                 how blocking operations wait: ``poll``
+                                 (non-blocking MPI call polled against the
+                                 timeout; a timeout raises DistTimeoutError)
+                                 or ``block`` (the blocking MPI call under a
+                                 watchdog that aborts the job on timeout)
 ===============================  ===========================================
 """
 
@@ -33,6 +38,7 @@ __all__ = [
     "default_timeout",
     "env_flag",
     "object_unpickler",
+    "wait_mode",
 ]
 
 #: name -> one-line description, for ``hpcdist info`` and the docs.
@@ -44,6 +50,7 @@ KNOBS: dict[str, str] = {
     "HPCDIST_STORE_SECRET": "shared secret of the TCP store (HMAC-SHA256)",
     "HPCDIST_STORE_SECRET_FILE": "file (0600) holding the TCP store secret",
     "HPCDIST_OBJECT_UNPICKLER": "full (default) | restricted",
+    "HPCDIST_WAIT": "poll | block: how blocking operations wait (see docs/sharp-bits.md)",
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -94,6 +101,17 @@ def debug_level() -> str:
     if level not in ("OFF", "INFO", "DETAIL"):
         raise ValueError(f"HPCDIST_DEBUG must be OFF, INFO or DETAIL, got {raw!r}")
     return level
+
+
+def wait_mode() -> str:
+    """``poll`` or ``block`` (``HPCDIST_WAIT``), read at init_process_group."""
+    raw = os.environ.get("HPCDIST_WAIT", DEFAULT_WAIT).strip().lower()
+    if raw not in ("poll", "block"):
+        raise ValueError(f"HPCDIST_WAIT must be 'poll' or 'block', got {raw!r}")
+    return raw
+
+
+DEFAULT_WAIT = "poll"
 
 
 def object_unpickler() -> str:

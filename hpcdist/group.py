@@ -75,6 +75,7 @@ class ProcessGroup:
         self.group_desc = group_desc
         self._store = store
         self._destroyed = False
+        self._block = config.wait_mode() == "block"  # HPCDIST_WAIT: how blocking calls wait
         self.bound_device_id: Any = None
 
     # torch's ProcessGroup API

@@ -116,13 +116,14 @@ def supports_complex(reduceOp: Any) -> bool:
 class ResolvedOp:
     """An op checked against one dtype: what MPI runs plus the scaling around it."""
 
-    __slots__ = ("average", "kind", "mpi_name", "premul")
+    __slots__ = ("average", "kind", "mpi_name", "plain", "premul")
 
     def __init__(self, kind: RedOpType, mpi_name: str, premul: Any = None, average: bool = False) -> None:
         self.kind = kind
         self.mpi_name = mpi_name  # attribute of mpi4py.MPI: "SUM", "PROD", ...
         self.premul = premul
         self.average = average
+        self.plain = premul is None and not average  # MPI's op alone gives the answer
 
 
 _MPI_NAME = {

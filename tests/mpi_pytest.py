@@ -19,12 +19,12 @@ from mpi4py import MPI
 def main() -> int:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    args = list(sys.argv[1:])
+    args = ["--with-mpi", *sys.argv[1:]]
     log = None
     terminal = None
     if rank != 0:
         args = [a for a in args if not a.startswith("--junitxml")]
-        log = tempfile.NamedTemporaryFile("w+", prefix=f"hpcdist-rank{rank}-", suffix=".log", delete=False)
+        log = tempfile.NamedTemporaryFile("w+", prefix=f"hpcdist-rank{rank}-", suffix=".log", delete=False)  # noqa: SIM115
         terminal = os.dup(2)
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .._watchdog import WATCHDOG
 from ..buffers.adapters import Buf
 from ..buffers.dtypes import HALF_DTYPES, mpi_datatype, narrow_into, widen
 from ..ops import ResolvedOp
@@ -25,14 +26,16 @@ from . import register_builtin
 
 __all__ = ["MPIEngine"]
 
+# This module is imported when the first engine is built, after MPI started.
+from mpi4py import MPI
+
+_IN_PLACE = MPI.IN_PLACE
 _OPS: dict[str, Any] = {}
 
 
 def _mpi_op(name: str) -> Any:
     op = _OPS.get(name)
     if op is None:
-        from mpi4py import MPI
-
         op = _OPS[name] = getattr(MPI, name)
     return op
 
@@ -83,170 +86,197 @@ def _reduce_type(arr: np.ndarray) -> Any:
 
 
 class MPIEngine:
-    """Runs the operations of one process group over its MPI communicator."""
+    """Runs the operations of one process group over its MPI communicator.
+
+    Every operation method takes ``sync``: True when the caller will wait
+    right away (``async_op=False``). In ``HPCDIST_WAIT=block`` mode a sync
+    operation calls the blocking MPI routine under the watchdog and returns
+    None; otherwise the non-blocking routine starts and a Work is returned.
+    """
 
     def __init__(self, pg: Any, device_type: str = "cpu") -> None:
         self.pg = pg
         self.comm = pg._comm
         self.device_type = device_type
+        self.block = bool(getattr(pg, "_block", False))
 
-    # -- helpers -------------------------------------------------------------
+    # -- the one template --------------------------------------------------
 
-    def _work(self, reqs: Any, post: Any, keep: Any, name: str, result: Any = None, on_timeout: Any = None) -> Work:
-        return Work(reqs, post, keep, self.pg._timeout_s, (name, self.pg), result, on_timeout)
+    def _run(self, sync: bool, nb: Any, blk: Any, args: tuple, post: Any, keep: Any, name: str,
+             result: Any = None) -> Work | None:
+        """Start ``nb(*args)`` and wrap it in a Work; or, sync in block mode, run ``blk(*args)``."""
+        if sync and self.block:
+            pg = self.pg
+            WATCHDOG.arm(pg._timeout_s, (name, pg))
+            try:
+                blk(*args)
+            finally:
+                WATCHDOG.disarm()
+            if post is not None:
+                post()
+            return None
+        return Work([nb(*args)], post, keep, self.pg._timeout_s, (name, self.pg), result)
 
     # -- collectives ---------------------------------------------------------
 
-    def barrier(self) -> Work:
-        return self._work([self.comm.Ibarrier()], None, None, "barrier")
+    def barrier(self, sync: bool = False) -> Work | None:
+        return self._run(sync, self.comm.Ibarrier, self.comm.Barrier, (), None, None, "barrier")
 
-    def broadcast(self, buf: Buf, root: int) -> Work:
-        req = self.comm.Ibcast(_msg(buf.arr), root)
+    def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work | None:
         post = buf.writeback if self.comm.Get_rank() != root else None
-        return self._work([req], post, buf, "broadcast", buf.obj)
+        c = self.comm
+        return self._run(sync, c.Ibcast, c.Bcast, (_msg(buf.arr), root), post, buf, "broadcast", buf.obj)
 
-    def all_reduce(self, buf: Buf, rop: ResolvedOp) -> Work:
-        from mpi4py import MPI
+    def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
+        c = self.comm
+        if rop.plain and buf.writeback is None and buf.dtype not in HALF_DTYPES:
+            arr = buf.arr
+            args = (_IN_PLACE, [arr, mpi_datatype(arr.dtype)], _OPS.get(rop.mpi_name) or _mpi_op(rop.mpi_name))
+            if sync and self.block:  # the hot path, inlined
+                pg = self.pg
+                WATCHDOG.arm(pg._timeout_s, ("all_reduce", pg))
+                try:
+                    c.Allreduce(*args)
+                finally:
+                    WATCHDOG.deadline = 0.0
+                return None
+            return self._run(sync, c.Iallreduce, c.Allreduce, args, None, buf, "all_reduce", buf.obj)
+        work = _prepare(buf, rop, copy=False)
+        size = c.Get_size()
 
-        arr = buf.arr
-        if buf.dtype in HALF_DTYPES or rop.premul is not None or rop.average or buf.writeback is not None:
-            work = _prepare(buf, rop, copy=False)
-            req = self.comm.Iallreduce(MPI.IN_PLACE, [work, _reduce_type(work)], _mpi_op(rop.mpi_name))
-            size = self.comm.Get_size()
+        def post() -> None:
+            _finish_reduce(buf, work, rop, size)
 
-            def post() -> None:
-                _finish_reduce(buf, work, rop, size)
+        args = (_IN_PLACE, [work, _reduce_type(work)], _mpi_op(rop.mpi_name))
+        return self._run(sync, c.Iallreduce, c.Allreduce, args, post, (buf, work), "all_reduce", buf.obj)
 
-            return self._work([req], post, (buf, work), "all_reduce", buf.obj)
-        req = self.comm.Iallreduce(MPI.IN_PLACE, [arr, mpi_datatype(arr.dtype)], _mpi_op(rop.mpi_name))
-        return self._work([req], None, buf, "all_reduce", buf.obj)
-
-    def reduce(self, buf: Buf, root: int, rop: ResolvedOp) -> Work:
-        from mpi4py import MPI
-
-        is_root = self.comm.Get_rank() == root
+    def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work | None:
+        c = self.comm
         work = _prepare(buf, rop, copy=False)
         op = _mpi_op(rop.mpi_name)
-        if is_root:
-            req = self.comm.Ireduce(MPI.IN_PLACE, [work, _reduce_type(work)], op, root)
-            size = self.comm.Get_size()
+        if c.Get_rank() == root:
+            size = c.Get_size()
 
             def post() -> None:
                 _finish_reduce(buf, work, rop, size)
 
-            return self._work([req], post, (buf, work), "reduce", buf.obj)
-        req = self.comm.Ireduce([work, _reduce_type(work)], None, op, root)
-        return self._work([req], None, (buf, work), "reduce", buf.obj)
+            args = (_IN_PLACE, [work, _reduce_type(work)], op, root)
+            return self._run(sync, c.Ireduce, c.Reduce, args, post, (buf, work), "reduce", buf.obj)
+        args = ([work, _reduce_type(work)], None, op, root)
+        return self._run(sync, c.Ireduce, c.Reduce, args, None, (buf, work), "reduce", buf.obj)
 
-    def all_gather(self, outs: list[Buf], inp: Buf) -> Work:
+    def all_gather(self, outs: list[Buf], inp: Buf, sync: bool = False) -> Work | None:
         """Gather ``inp`` of every rank into ``outs[r]`` (sizes may differ by rank)."""
+        c = self.comm
         counts = [o.arr.size for o in outs]
         dtype = inp.arr.dtype
         tmp = np.empty(sum(counts), dtype=dtype)
         mt = mpi_datatype(dtype)
-        if all(c == counts[0] for c in counts):
-            req = self.comm.Iallgather(_msg(inp.arr), [tmp, mt])
-        else:
-            displs = np.cumsum([0, *counts[:-1]]).tolist()
-            req = self.comm.Iallgatherv(_msg(inp.arr), [tmp, (counts, displs), mt])
 
         def post() -> None:
             _unpack(tmp, outs)
 
-        return self._work([req], post, (outs, inp, tmp), "all_gather", [o.obj for o in outs])
+        keep, res = (outs, inp, tmp), [o.obj for o in outs]
+        if all(x == counts[0] for x in counts):
+            args: tuple = (_msg(inp.arr), [tmp, mt])
+            return self._run(sync, c.Iallgather, c.Allgather, args, post, keep, "all_gather", res)
+        args = (_msg(inp.arr), [tmp, (counts, _displs(counts)), mt])
+        return self._run(sync, c.Iallgatherv, c.Allgatherv, args, post, keep, "all_gather", res)
 
-    def all_gather_into(self, out: Buf, inp: Buf) -> Work:
-        req = self.comm.Iallgather(_msg(inp.arr), _msg(out.arr))
-        return self._work([req], out.writeback, (out, inp), "all_gather_into_tensor", out.obj)
+    def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work | None:
+        c = self.comm
+        args = (_msg(inp.arr), _msg(out.arr))
+        return self._run(sync, c.Iallgather, c.Allgather, args, out.writeback, (out, inp), "all_gather_into_tensor",
+                         out.obj)
 
-    def gather(self, inp: Buf, outs: list[Buf] | None, root: int) -> Work:
-        mt = mpi_datatype(inp.arr.dtype)
+    def gather(self, inp: Buf, outs: list[Buf] | None, root: int, sync: bool = False) -> Work | None:
+        c = self.comm
         if outs is None:
-            req = self.comm.Igatherv(_msg(inp.arr), None, root)
-            return self._work([req], None, inp, "gather")
+            return self._run(sync, c.Igatherv, c.Gatherv, (_msg(inp.arr), None, root), None, inp, "gather")
         counts = [o.arr.size for o in outs]
-        displs = np.cumsum([0, *counts[:-1]]).tolist()
         tmp = np.empty(sum(counts), dtype=inp.arr.dtype)
-        req = self.comm.Igatherv(_msg(inp.arr), [tmp, (counts, displs), mt], root)
 
         def post() -> None:
             _unpack(tmp, outs)
 
-        return self._work([req], post, (inp, outs, tmp), "gather", [o.obj for o in outs])
+        args = (_msg(inp.arr), [tmp, (counts, _displs(counts)), mpi_datatype(inp.arr.dtype)], root)
+        return self._run(sync, c.Igatherv, c.Gatherv, args, post, (inp, outs, tmp), "gather", [o.obj for o in outs])
 
-    def scatter(self, out: Buf, ins: list[Buf] | None, root: int) -> Work:
-        mt = mpi_datatype(out.arr.dtype)
+    def scatter(self, out: Buf, ins: list[Buf] | None, root: int, sync: bool = False) -> Work | None:
+        c = self.comm
         if ins is None:
-            req = self.comm.Iscatterv(None, _msg(out.arr), root)
+            args: tuple = (None, _msg(out.arr), root)
             keep: Any = out
         else:
             tmp = _pack(ins, out.arr.dtype)
             counts = [b.arr.size for b in ins]
-            displs = np.cumsum([0, *counts[:-1]]).tolist()
-            req = self.comm.Iscatterv([tmp, (counts, displs), mt], _msg(out.arr), root)
+            args = ([tmp, (counts, _displs(counts)), mpi_datatype(out.arr.dtype)], _msg(out.arr), root)
             keep = (out, ins, tmp)
-        return self._work([req], out.writeback, keep, "scatter", out.obj)
+        return self._run(sync, c.Iscatterv, c.Scatterv, args, out.writeback, keep, "scatter", out.obj)
 
-    def reduce_scatter(self, out: Buf, ins: list[Buf], rop: ResolvedOp) -> Work:
+    def reduce_scatter(self, out: Buf, ins: list[Buf], rop: ResolvedOp, sync: bool = False) -> Work | None:
+        c = self.comm
         half = out.dtype in HALF_DTYPES
         counts = [b.arr.size for b in ins]
         send = np.concatenate([widen(b.arr, b.dtype).reshape(-1) for b in ins]) if half else _pack(ins, out.arr.dtype)
         if rop.premul is not None:
             np.multiply(send, rop.premul, out=send, casting="unsafe")
         recv = np.empty(out.arr.size, dtype=send.dtype) if (half or out.writeback is not None) else out.arr
-        req = self.comm.Ireduce_scatter(_msg(send), [recv, mpi_datatype(recv.dtype)], counts, _mpi_op(rop.mpi_name))
-        size = self.comm.Get_size()
+        size = c.Get_size()
 
         def post() -> None:
             _finish_reduce(out, recv, rop, size)
 
-        return self._work([req], post, (out, ins, send, recv), "reduce_scatter", out.obj)
+        args = (_msg(send), [recv, mpi_datatype(recv.dtype)], counts, _mpi_op(rop.mpi_name))
+        return self._run(sync, c.Ireduce_scatter, c.Reduce_scatter, args, post, (out, ins, send, recv),
+                         "reduce_scatter", out.obj)
 
-    def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp) -> Work:
+    def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
+        c = self.comm
         half = out.dtype in HALF_DTYPES
         send = _prepare(inp, rop, copy=False)
         recv = np.empty(out.arr.size, dtype=send.dtype) if (half or out.writeback is not None) else out.arr
-        req = self.comm.Ireduce_scatter_block(_msg(send), [recv, mpi_datatype(recv.dtype)], _mpi_op(rop.mpi_name))
-        size = self.comm.Get_size()
+        size = c.Get_size()
 
         def post() -> None:
             _finish_reduce(out, recv, rop, size)
 
-        return self._work([req], post, (out, inp, send, recv), "reduce_scatter_tensor", out.obj)
+        args = (_msg(send), [recv, mpi_datatype(recv.dtype)], _mpi_op(rop.mpi_name))
+        return self._run(sync, c.Ireduce_scatter_block, c.Reduce_scatter_block, args, post, (out, inp, send, recv),
+                         "reduce_scatter_tensor", out.obj)
 
-    def all_to_all(self, outs: list[Buf], ins: list[Buf]) -> Work:
+    def all_to_all(self, outs: list[Buf], ins: list[Buf], sync: bool = False) -> Work | None:
+        c = self.comm
         dtype = ins[0].arr.dtype
         mt = mpi_datatype(dtype)
         scounts = [b.arr.size for b in ins]
         rcounts = [b.arr.size for b in outs]
         send = _pack(ins, dtype)
         recv = np.empty(sum(rcounts), dtype=dtype)
-        sd = np.cumsum([0, *scounts[:-1]]).tolist()
-        rd = np.cumsum([0, *rcounts[:-1]]).tolist()
-        req = self.comm.Ialltoallv([send, (scounts, sd), mt], [recv, (rcounts, rd), mt])
 
         def post() -> None:
             _unpack(recv, outs)
 
-        return self._work([req], post, (outs, ins, send, recv), "all_to_all", [o.obj for o in outs])
+        args = ([send, (scounts, _displs(scounts)), mt], [recv, (rcounts, _displs(rcounts)), mt])
+        return self._run(sync, c.Ialltoallv, c.Alltoallv, args, post, (outs, ins, send, recv), "all_to_all",
+                         [o.obj for o in outs])
 
-    def all_to_all_single(self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int]) -> Work:
+    def all_to_all_single(self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int],
+                          sync: bool = False) -> Work | None:
+        c = self.comm
         mt = mpi_datatype(inp.arr.dtype)
-        sd = np.cumsum([0, *scounts[:-1]]).tolist()
-        rd = np.cumsum([0, *rcounts[:-1]]).tolist()
-        req = self.comm.Ialltoallv([inp.arr, (scounts, sd), mt], [out.arr, (rcounts, rd), mt])
-        return self._work([req], out.writeback, (out, inp), "all_to_all_single", out.obj)
+        args = ([inp.arr, (scounts, _displs(scounts)), mt], [out.arr, (rcounts, _displs(rcounts)), mt])
+        return self._run(sync, c.Ialltoallv, c.Alltoallv, args, out.writeback, (out, inp), "all_to_all_single",
+                         out.obj)
 
-    # -- point to point ------------------------------------------------------
+    # -- point to point (always non-blocking: receives honour the timeout and can be cancelled) --
 
     def send(self, buf: Buf, dst: int, tag: int) -> Work:
         req = self.comm.Isend(_msg(buf.arr), dst, tag)
-        return self._work([req], None, buf, "send")
+        return Work([req], None, buf, self.pg._timeout_s, ("send", self.pg))
 
     def recv(self, buf: Buf, src: int, tag: int) -> Work:
         """Receive into ``buf`` from group rank ``src`` (``MPI.ANY_SOURCE`` allowed)."""
-        from mpi4py import MPI
-
         status = MPI.Status()
         req = self.comm.Irecv(_msg(buf.arr), src, tag)
         pg = self.pg
@@ -269,6 +299,14 @@ class MPIEngine:
         return work
 
 
+def _displs(counts: list[int]) -> list[int]:
+    out, pos = [], 0
+    for n in counts:
+        out.append(pos)
+        pos += n
+    return out
+
+
 def _pack(bufs: list[Buf], dtype: np.dtype) -> np.ndarray:
     if not bufs:
         return np.empty(0, dtype=dtype)
@@ -284,7 +322,11 @@ def _unpack(flat: np.ndarray, outs: list[Buf]) -> None:
     _writeback(outs)
 
 
-def _factory(pg: Any, device_type: str) -> MPIEngine:
+def _factory(pg: Any, device_type: str) -> Any:
+    if device_type == "cuda":  # CUDA-aware or staged: hpcdist.backends.mpi_cuda decides
+        from .mpi_cuda import cuda_engine
+
+        return cuda_engine(pg, device_type)
     return MPIEngine(pg, device_type)
 
 

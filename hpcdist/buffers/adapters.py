@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import supported
+from .dtypes import dtype_info, supported
 
 __all__ = ["TORCH_DEVICE_ADAPTERS", "Buf", "adapt", "adapt_list", "numel", "register_adapter"]
 
@@ -103,8 +103,17 @@ def _lookup(obj: Any) -> Adapter | None:
     return None
 
 
+_ndarray = np.ndarray
+
+
 def adapt(obj: Any, argname: str, write: bool) -> Buf:
     """Adapt ``obj`` (argument ``argname``); ``write``: the call writes into it."""
+    if type(obj) is _ndarray:  # the hot path: a contiguous NumPy array of a plain dtype
+        flags = obj.flags
+        if flags.c_contiguous and (flags.writeable or not write):
+            info = dtype_info(obj.dtype)
+            if info is not None:
+                return Buf(obj, obj, info[2])
     adapter = _BY_TYPE.get(type(obj)) or _lookup(obj)
     if adapter is None:
         raise TypeError(

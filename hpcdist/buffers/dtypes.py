@@ -45,25 +45,39 @@ def _build() -> None:
             _TABLE[np.dtype(t)] = mt
 
 
+#: id(dtype) -> (dtype, MPI datatype, dtype name); holds the dtype so its id cannot be reused
+_FAST: dict[int, tuple[np.dtype, Any, str]] = {}
+
+
+def dtype_info(dtype: np.dtype) -> tuple[np.dtype, Any, str] | None:
+    """``(dtype, MPI datatype, name)`` for a supported dtype, else None. O(1) on the hot path."""
+    hit = _FAST.get(id(dtype))
+    if hit is not None and hit[0] is dtype:
+        return hit
+    if not _TABLE:
+        _build()
+    mt = _TABLE.get(dtype)
+    if mt is None:
+        return None
+    entry = (dtype, mt, dtype.name)
+    if len(_FAST) < 256:
+        _FAST[id(dtype)] = entry
+    return entry
+
+
 def mpi_datatype(dtype: np.dtype) -> Any:
     """The MPI datatype that moves (and, except half floats, reduces) ``dtype``."""
-    try:
-        return _TABLE[dtype]
-    except KeyError:
-        if not _TABLE:
-            _build()
-            if dtype in _TABLE:
-                return _TABLE[dtype]
+    info = dtype_info(dtype)
+    if info is None:
         raise TypeError(
             f"dtype {dtype} has no MPI datatype: use bool, (u)int8-64, float16/32/64, bfloat16, complex64/128"
-        ) from None
+        )
+    return info[1]
 
 
 def supported(dtype: np.dtype) -> bool:
     """Whether arrays of this numpy dtype can be communicated."""
-    if not _TABLE:
-        _build()
-    return dtype in _TABLE
+    return dtype_info(dtype) is not None
 
 
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
