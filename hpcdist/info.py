@@ -115,13 +115,24 @@ def _launcher(env: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-def _cuda_aware() -> dict[str, Any]:
-    """CUDA-aware MPI: asked of hpcdist's GPU support when it exists."""
+def _find_cuda_probe() -> Callable[..., Any] | None:
+    """hpcdist's CUDA-aware MPI detection, where its GPU support provides one."""
+    try:
+        from hpcdist.gpu.cuda_aware import cuda_aware_mpi
+
+        return cuda_aware_mpi
+    except ImportError:
+        pass
     try:
         hpcdist = importlib.import_module("hpcdist")
-    except Exception as exc:
-        return {"cuda_aware": None, "why": f"unknown (import hpcdist failed: {exc})"}
-    probe: Callable[..., Any] | None = getattr(hpcdist, "cuda_aware", None)
+    except Exception:
+        return None
+    return getattr(hpcdist, "cuda_aware_mpi", None) or getattr(hpcdist, "cuda_aware", None)
+
+
+def _cuda_aware() -> dict[str, Any]:
+    """CUDA-aware MPI: the answer of hpcdist's GPU support, and why."""
+    probe = _find_cuda_probe()
     if probe is None:
         return {"cuda_aware": None, "why": "unknown (no GPU support module)"}
     try:
@@ -129,9 +140,15 @@ def _cuda_aware() -> dict[str, Any]:
     except Exception as exc:
         return {"cuda_aware": None, "why": f"unknown ({type(exc).__name__}: {exc})"}
     if isinstance(result, tuple) and len(result) == 2:
-        return {"cuda_aware": bool(result[0]), "why": str(result[1])}
-    why = getattr(result, "reason", None) or getattr(result, "why", None)
-    return {"cuda_aware": bool(result), "why": str(why) if why else "as reported by hpcdist.cuda_aware()"}
+        enabled, why, source = bool(result[0]), str(result[1]), None
+    else:
+        enabled = bool(getattr(result, "enabled", result))
+        why = str(getattr(result, "reason", "") or "as reported by hpcdist's GPU support")
+        source = getattr(result, "source", None)
+    mpi = sys.modules.get("mpi4py.MPI")
+    if source == "default" and not (mpi is not None and mpi.Is_initialized()):
+        why += " (MPI was not initialized, so the library was not asked: use hpcdist info --init-mpi)"
+    return {"cuda_aware": enabled, "source": source, "why": why}
 
 
 def _torch() -> dict[str, Any]:
@@ -243,7 +260,10 @@ def main(argv: list[str]) -> int:
     """Entry point of ``hpcdist info``."""
     parser = argparse.ArgumentParser(prog="hpcdist info", description="Report versions, MPI, launcher and GPU support.")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--init-mpi", action="store_true", help="initialise MPI first, so the library can answer CUDA-awareness queries"
+    )
     args = parser.parse_args(argv)
-    report = collect()
+    report = collect(initialize_mpi=args.init_mpi)
     print(json.dumps(report, indent=2, sort_keys=False) if args.json else format_text(report))
     return 0
