@@ -1,0 +1,87 @@
+"""CuPy on demand, the stream a device array belongs to, and the device checks.
+
+Stream rule (as torch's): an operation on a device array is ordered on the
+*current stream of the library that owns the array* — torch's current stream
+for torch tensors, CuPy's for everything else. The MPI paths synchronize that
+stream before MPI reads or writes the memory; the NCCL path enqueues on it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from ..buffers.adapters import Buf
+
+__all__ = ["check_devices", "require_cupy", "stream_for", "streams_of", "synchronize"]
+
+
+def require_cupy(what: str = "device arrays") -> Any:
+    """``import cupy`` or a TypeError saying what needs it and how to install it."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise TypeError(
+            f"{what} need CuPy, which hpcdist uses to handle GPU memory, but it cannot be imported ({exc}); "
+            "install it with pip install 'hpcdist[gpu]' (cupy-cuda12x) or the cupy build matching your CUDA"
+        ) from None
+    return cupy
+
+
+def _is_torch(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def stream_for(buf: Buf) -> Any:
+    """The CuPy stream object of the current stream that owns ``buf``'s work."""
+    cupy = require_cupy()
+    if _is_torch(buf.obj):
+        torch = sys.modules["torch"]
+        ptr = torch.cuda.current_stream(buf.index).cuda_stream
+        return cupy.cuda.ExternalStream(ptr, buf.index)
+    return cupy.cuda.get_current_stream()
+
+
+def streams_of(bufs: Iterable[Buf]) -> list[Any]:
+    """The distinct streams of ``bufs`` (by pointer), in first-seen order."""
+    seen: dict[int, Any] = {}
+    for b in bufs:
+        s = stream_for(b)
+        seen.setdefault(int(s.ptr), s)
+    return list(seen.values())
+
+
+def synchronize(streams: Iterable[Any]) -> None:
+    for s in streams:
+        s.synchronize()
+
+
+def check_devices(bufs: Iterable[Buf], pg: Any, what: str) -> int:
+    """All of ``bufs`` on the current CUDA device (and the group's bound device); return it.
+
+    Raises ValueError naming the array, its device and the current one, with
+    the fix, before anything moves.
+    """
+    from .device import bound_device_index
+
+    cupy = require_cupy()
+    current = int(cupy.cuda.runtime.getDevice())
+    bound = bound_device_index(getattr(pg, "bound_device_id", None))
+    if bound is not None and bound != current:
+        raise ValueError(
+            f"{what}: group {pg.group_name!r} is bound to cuda:{bound} (init_process_group(device_id=...)) but the "
+            f"current CUDA device is cuda:{current}; call torch.cuda.set_device({bound}) or "
+            f"cupy.cuda.Device({bound}).use() first"
+        )
+    for b in bufs:
+        if b.device != "cuda":
+            raise ValueError(f"{what}: a {b.device} array was mixed with CUDA arrays; put all arrays on one device")
+        if b.index != current:
+            raise ValueError(
+                f"{what}: {type(b.obj).__name__} on cuda:{b.index}, but this rank's current CUDA device is "
+                f"cuda:{current}; make its device current first (torch.cuda.set_device({b.index}), "
+                f"cupy.cuda.Device({b.index}).use(), or hpcdist.gpu.set_device_for_local_rank())"
+            )
+    return current

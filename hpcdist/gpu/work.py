@@ -1,0 +1,100 @@
+"""A :class:`~hpcdist.work.Work` backed by a CUDA event (NCCL operations).
+
+torch's stream semantics: the operation was enqueued on the current stream
+when it was called; the event was recorded after it. ``wait()`` makes the
+*current* stream (at the time of the call) wait on the event and returns
+without blocking the host; ``is_completed()`` queries the event;
+``synchronize()`` blocks the host until the event completed, raising
+:class:`~hpcdist.errors.DistTimeoutError` after the timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+from ..errors import DistTimeoutError
+from ..work import Work
+from .streams import _is_torch, require_cupy
+
+__all__ = ["CudaEventWork"]
+
+
+class CudaEventWork(Work):
+    """The Work of one enqueued NCCL operation (see module docstring)."""
+
+    __slots__ = ("_event", "_index", "_torch")
+
+    def __init__(self, event: Any, keep: Any, timeout_s: float, name: Any, result: Any, index: int,
+                 torch_stream: bool, source: int = -1) -> None:
+        super().__init__((), None, keep, timeout_s, name, result)
+        self._event = event
+        self._index = index
+        self._torch = torch_stream
+        self._source = source
+
+    def _current_stream(self) -> Any:
+        cupy = require_cupy()
+        if self._torch:
+            import torch
+
+            return cupy.cuda.ExternalStream(torch.cuda.current_stream(self._index).cuda_stream, self._index)
+        return cupy.cuda.get_current_stream()
+
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        """Make the current stream wait for the operation; True. Does not block the host."""
+        if self._exc is not None:
+            raise self._exc
+        self._current_stream().wait_event(self._event)
+        if not self._done:
+            self._done = True
+            fut = self._future
+            if fut is not None:
+                fut._set(self._result, None)
+        return True
+
+    def block_current_stream(self) -> None:
+        self.wait()
+
+    def synchronize(self, timeout: timedelta | float | None = None) -> None:
+        """Block the host until the operation completed on the GPU."""
+        limit = self._timeout_s if timeout is None else (
+            timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout))
+        deadline = time.monotonic() + limit
+        delay = 0.00002
+        while not self._event.done:
+            if time.monotonic() >= deadline:
+                name = self._name
+                desc = name if isinstance(name, str) else f"{name[0]} on {name[1]!r}"
+                exc = DistTimeoutError(
+                    f"{desc} (NCCL) did not complete on the GPU within {limit:g}s: a peer may have died or called "
+                    "a different operation; raise the timeout with init_process_group(timeout=...) if it is just slow"
+                )
+                self._exc = exc
+                raise exc
+            time.sleep(delay)
+            delay = min(delay * 2, 0.002)
+        self._keep = None
+        self.wait()
+
+    def is_completed(self) -> bool:
+        if self._exc is not None:
+            return True
+        if self._event.done:
+            self._keep = None
+            if not self._done:
+                self.wait()
+            return True
+        return False
+
+    def _finish(self) -> None:  # collectives.combine() finishes its parts this way
+        self.wait()
+
+    def __repr__(self) -> str:
+        state = "completed" if self._event.done else "enqueued"
+        return f"<hpcdist.Work {self._name} (NCCL) {state}>"
+
+
+def torch_owned(obj: Any) -> bool:
+    return _is_torch(obj)
