@@ -35,9 +35,11 @@ def gpu_or_reason() -> tuple[object | None, str]:
 
 def main() -> int:
     cupy, reason = gpu_or_reason()
-    rank_hint = os.environ.get("RANK", "0")
     if cupy is None:
-        if rank_hint == "0":
+        from hpcdist.rendezvous.detect import launcher_rank_size
+
+        rank_size = launcher_rank_size()
+        if os.environ.get("RANK", str(rank_size[0] if rank_size else 0)) == "0":  # one message, from rank 0
             print(f"gpu_allreduce.py: skipped, {reason}", flush=True)
         return 0
 
