@@ -18,6 +18,7 @@ Two ways in, decided by how the processes were started:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -188,9 +189,12 @@ def _join_unwired(
     """A launcher started N processes but MPI sees singletons (its PMI is not the MPI's).
 
     With a rendezvous to go by (``store=``, or an init_method other than
-    ``mpi://``) the processes join over ports, rank and size defaulting to
-    the launcher's; otherwise nothing can bring them together.
+    ``mpi://``, or none but MASTER_ADDR/MASTER_PORT set: ``env://``) the
+    processes join over ports, rank and size defaulting to the launcher's;
+    otherwise nothing can bring them together.
     """
+    if store is None and init_method is None and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        init_method = "env://"
     if store is None and (init_method is None or scheme_of(init_method) == "mpi"):
         raise DistBackendError(
             f"launcher {launcher} started {declared[1]} processes, but MPI's COMM_WORLD has size 1 in each: "

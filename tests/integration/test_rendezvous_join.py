@@ -54,6 +54,11 @@ def worker(rank: int, n: int, how: str, where: str, timeout_s: float, via: str, 
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=where)
     elif how == "tcp":
         init_method = f"tcp://127.0.0.1:{where}?rank={rank}&world_size={n}"
+    elif how == "srun-unwired":  # srun started us, but this MPI does not speak its PMI
+        os.environ.update(SLURM_STEP_ID="0", SLURM_PROCID=str(rank), SLURM_NTASKS=str(n), SLURM_LOCALID=str(rank))
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=where)
+    elif how == "srun-unwired-no-addr":
+        os.environ.update(SLURM_STEP_ID="0", SLURM_PROCID=str(rank), SLURM_NTASKS=str(n))
     elif how == "file":
         init_method = f"file://{where}"
     t0 = time.monotonic()
@@ -218,3 +223,18 @@ def test_init_process_group_file(tmp_path):
         status, payload, _ = results[rank]
         assert status == "ok", f"rank {rank}: {payload}"
         assert payload[:4] == (rank, n, 3, [0, 1])
+
+
+@pytest.mark.timeout(LIMIT + 30)
+def test_launcher_not_wired_to_mpi_joins_over_ports():
+    """srun-like variables, MPI singletons, MASTER_ADDR/PORT set: join with the launcher's ranks."""
+    assert_joined(run_group(2, "srun-unwired", str(free_port())), 2, "TCPStore")
+
+
+@pytest.mark.timeout(LIMIT + 30)
+def test_launcher_not_wired_to_mpi_without_rendezvous_explains():
+    results = run_group(2, "srun-unwired-no-addr", "")
+    for rank in (0, 1):
+        status, (kind, message), _ = results[rank]
+        assert (status, kind) == ("error", "DistBackendError")
+        assert "MPI is not wired to srun" in message and "--mpi=" in message
