@@ -65,6 +65,7 @@ from .group import (
     new_subgroups_by_enumeration,
     split_group,
 )
+from .launch.spawn import ProcessContext, ProcessExitedException, ProcessRaisedException, spawn
 from .objects import (
     all_gather_object,
     broadcast_object_list,
@@ -88,6 +89,9 @@ __all__ = [
     "Future",
     "GroupMember",
     "P2POp",
+    "ProcessContext",
+    "ProcessExitedException",
+    "ProcessRaisedException",
     "ProcessGroup",
     "QueueEmptyError",
     "RedOpType",
@@ -153,6 +157,7 @@ __all__ = [
     "send_object_list",
     "set_debug_level",
     "set_debug_level_from_env",
+    "spawn",
     "split_group",
     "supports_complex",
 ]

@@ -1,0 +1,57 @@
+"""Launch a small script under ``mpiexec`` with a hard time limit (for fault tests)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+    elapsed: float
+    timed_out: bool
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def mpiexec() -> str:
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
+
+
+def run_mpi(n: int, script: str, tmp_path: Path, *, env: dict[str, str] | None = None, limit: float = 90,
+            args: list[str] | None = None) -> Result:
+    """Run ``script`` (Python source, dedented) on ``n`` ranks; kill the whole launch after ``limit`` s."""
+    path = tmp_path / f"script_{abs(hash(script)) % 10**8}.py"
+    path.write_text(textwrap.dedent(script))
+    full_env = dict(os.environ)
+    full_env.pop("HPCDIST_TIMEOUT", None)
+    full_env["PYTHONUNBUFFERED"] = "1"
+    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.update(env or {})
+    cmd = [mpiexec(), "-n", str(n), sys.executable, str(path), *(args or [])]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=limit)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        timed_out = True
+    return Result(proc.returncode, out, err, time.monotonic() - t0, timed_out)

@@ -1,0 +1,203 @@
+"""Faults under a real mpiexec: timeouts, an exception on one rank, monitored_barrier, re-init.
+
+Every launch has a hard time limit (``run_mpi(limit=...)``); the asserted
+elapsed times are hang guards (generous), never speed claims.
+"""
+
+from __future__ import annotations
+
+import pytest
+from mpirun import run_mpi
+
+pytestmark = pytest.mark.timeout(240)
+
+PRELUDE = """
+import os, sys, time
+from datetime import timedelta
+import numpy as np
+import hpcdist as dist
+
+
+def say(*parts):
+    os.write(1, (" ".join(map(str, parts)) + chr(10)).encode())  # one write: lines of ranks never mix
+"""
+
+
+def test_collective_timeout_raises_in_poll_mode(tmp_path):
+    script = PRELUDE + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=2))
+x = np.ones(4)
+if dist.get_rank() == 0:
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x)
+    except dist.DistTimeoutError as e:
+        say(f"TIMEOUT after {time.monotonic() - t0:.1f}s: {e}")
+else:
+    time.sleep(4)          # arrives late: the pending operation completes and the job ends cleanly
+    dist.all_reduce(x)
+"""
+    r = run_mpi(2, script, tmp_path, env={"HPCDIST_WAIT": "poll"}, limit=60)
+    assert not r.timed_out, r.output
+    assert "TIMEOUT after" in r.stdout, r.output
+    assert "all_reduce" in r.stdout and "did not complete within 2s" in r.stdout
+    waited = float(r.stdout.split("TIMEOUT after ")[1].split("s")[0])
+    assert waited >= 1.9
+
+
+def test_collective_timeout_in_block_mode_ends_the_job(tmp_path):
+    script = PRELUDE + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=2))
+if dist.get_rank() == 0:
+    dist.all_reduce(np.ones(4))   # the peer never comes: the watchdog ends the job
+else:
+    time.sleep(120)
+"""
+    r = run_mpi(2, script, tmp_path, env={"HPCDIST_WAIT": "block"}, limit=60)
+    assert not r.timed_out, "the watchdog did not end the job"
+    assert r.returncode != 0
+    assert "DistTimeoutError" in r.stderr and "all_reduce" in r.stderr, r.output
+    assert r.elapsed < 50
+
+
+def test_receive_timeout_raises(tmp_path):
+    script = PRELUDE + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=1.5))
+if dist.get_rank() == 0:
+    try:
+        dist.recv(np.zeros(2), src=1)   # rank 1 never sends
+    except dist.DistTimeoutError as e:
+        say("RECV TIMEOUT", e)
+dist.barrier(timeout=timedelta(seconds=30))
+x = np.ones(1); dist.all_reduce(x); say("STILL USABLE", x[0])
+"""
+    r = run_mpi(2, script, tmp_path, limit=60)
+    assert not r.timed_out and r.returncode == 0, r.output
+    assert "RECV TIMEOUT" in r.stdout and r.stdout.count("STILL USABLE 2.0") == 2, r.output
+
+
+def test_exception_on_one_rank_ends_the_job(tmp_path):
+    script = PRELUDE + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=600))
+if dist.get_rank() == 1:
+    raise RuntimeError("boom on purpose")
+dist.all_reduce(np.ones(4))   # would wait 10 minutes without the abort hook
+"""
+    r = run_mpi(3, script, tmp_path, limit=90)
+    assert not r.timed_out, "an exception on one rank left the others hanging"
+    assert r.returncode != 0
+    assert "[rank 1] RuntimeError: boom on purpose" in r.stderr, r.output
+    assert r.elapsed < 60
+
+
+def test_abort_hook_can_be_turned_off(tmp_path):
+    script = PRELUDE + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=2))
+if dist.get_rank() == 1:
+    raise RuntimeError("boom on purpose")
+try:
+    dist.all_reduce(np.ones(4))
+except dist.DistTimeoutError:
+    say("RANK0 TIMED OUT INSTEAD")
+    os._exit(3)
+"""
+    r = run_mpi(2, script, tmp_path, env={"HPCDIST_ABORT_ON_EXCEPTION": "0", "HPCDIST_WAIT": "poll"}, limit=60)
+    assert not r.timed_out, r.output
+    assert "hpcdist: unhandled exception; aborting" not in r.stderr
+    assert "RuntimeError: boom on purpose" in r.stderr
+    assert "RANK0 TIMED OUT INSTEAD" in r.stdout, r.output
+
+
+@pytest.mark.parametrize(("n", "missing", "wait_all", "expect"), [(3, [2], False, "rank 2 "), (4, [2, 3], True, "ranks 2, 3 ")])
+def test_monitored_barrier_names_missing_ranks(tmp_path, n, missing, wait_all, expect):
+    script = PRELUDE + f"""
+dist.init_process_group("mpi", timeout=timedelta(seconds=30))
+if dist.get_rank() in {missing}:
+    time.sleep(3)
+    os._exit(0)
+try:
+    dist.monitored_barrier(timeout=timedelta(seconds=1.5), wait_all_ranks={wait_all})
+except dist.DistTimeoutError as e:
+    say(f"R{{dist.get_rank()}}: {{e}}")
+os._exit(0)
+"""
+    r = run_mpi(n, script, tmp_path, env={"HPCDIST_ABORT_ON_EXCEPTION": "0"}, limit=60)
+    assert not r.timed_out, r.output
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("R0:"))
+    assert f"global {expect}failed to pass monitored_barrier" in line, line
+    assert any(ln.startswith("R1:") and "did not release" in ln for ln in r.stdout.splitlines()), r.output
+
+
+def test_destroy_and_reinit(tmp_path):
+    script = PRELUDE + """
+for round in range(3):
+    dist.init_process_group("mpi")
+    g = dist.new_group([0])
+    x = np.ones(3); dist.all_reduce(x)
+    assert x[0] == dist.get_world_size()
+    dist.destroy_process_group(g)
+    dist.destroy_process_group()
+    assert not dist.is_initialized()
+say("REINIT OK")
+"""
+    r = run_mpi(2, script, tmp_path, limit=60)
+    assert r.returncode == 0 and r.stdout.count("REINIT OK") == 2, r.output
+
+
+def test_tutorial_init_arguments(tmp_path):
+    script = PRELUDE + """
+dist.init_process_group("mpi", rank=0, world_size=0)     # the tutorial's call: take both from MPI
+say("TUTORIAL", dist.get_rank(), dist.get_world_size())
+dist.destroy_process_group()
+dist.init_process_group("gloo", rank=-1, world_size=-1)  # gloo runs on MPI
+assert dist.get_backend() == "gloo"
+dist.destroy_process_group()
+for kwargs in ({"world_size": 5}, {"rank": 1 - int(os.environ.get("PMI_RANK", "0"))}):
+    try:
+        dist.init_process_group("mpi", **kwargs)
+    except ValueError as e:
+        say("REFUSED", sorted(kwargs))
+"""
+    r = run_mpi(2, script, tmp_path, limit=60)
+    assert r.returncode == 0, r.output
+    assert sorted(ln for ln in r.stdout.splitlines() if ln.startswith("TUTORIAL")) == ["TUTORIAL 0 2", "TUTORIAL 1 2"]
+    assert r.stdout.count("REFUSED ['world_size']") == 2 and r.stdout.count("REFUSED ['rank']") == 2, r.output
+
+
+def _mem_available_gb() -> float:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 0.0
+
+
+@pytest.mark.timeout(400)
+def test_counts_beyond_int32(tmp_path):
+    """2**31 + 16 elements: broadcast, all_reduce and an object of > 2 GiB (MPI-4 large counts)."""
+    if _mem_available_gb() < 16:
+        pytest.skip(f"needs ~16 GiB of free memory for 2 ranks x 2 GiB buffers, have {_mem_available_gb():.1f}")
+    script = PRELUDE + """
+dist.init_process_group("mpi")
+r = dist.get_rank()
+n = 2**31 + 16
+a = np.zeros(n, dtype=np.uint8)
+if r == 0:
+    a[0], a[2**31 - 1], a[2**31], a[-1] = 1, 2, 3, 4
+dist.broadcast(a, src=0)
+assert (a[0], a[2**31 - 1], a[2**31], a[-1]) == (1, 2, 3, 4), "broadcast"
+assert int(a[1:2**31 - 1].max()) == 0
+a[:] = 1
+dist.all_reduce(a)
+assert int(a[-1]) == 2 and int(a[2**31 + 7]) == 2 and int(a.min()) == 2, "all_reduce"
+del a
+objs = [np.full(2**31 + 16, 7, dtype=np.uint8) if r == 0 else None]
+dist.broadcast_object_list(objs, src=0)
+assert objs[0].size == 2**31 + 16 and int(objs[0][-1]) == 7, "object"
+say("LARGE OK", r)
+"""
+    res = run_mpi(2, script, tmp_path, limit=380, env={"HPCDIST_WAIT": "poll"})
+    assert res.returncode == 0 and res.stdout.count("LARGE OK") == 2, res.output
