@@ -1,0 +1,200 @@
+"""Device arrays over an MPI that is not CUDA-aware: staged through pinned host blocks.
+
+For each operation: the arrays MPI reads are copied device -> pinned host
+(asynchronously on their streams, then synchronized), the host engine runs
+the operation on host :class:`~hpcdist.buffers.adapters.Buf` views of the
+blocks, and the Work's completion step copies what MPI wrote back to the
+device, synchronizes, runs the user's writebacks and returns the blocks to
+the pool (:mod:`hpcdist.gpu.staging`), which reuses them across calls. A
+completed Work means the data is in the user's device arrays. Blocks of an
+operation that timed out are not reused (MPI may still write into them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..buffers.adapters import Buf
+from ..gpu.staging import PinnedPool, host_view, pinned_pool
+from ..gpu.streams import check_devices, require_cupy, stream_for, synchronize
+from ..ops import ResolvedOp
+from ..work import Work
+from .mpi import MPIEngine
+
+__all__ = ["StagedEngine"]
+
+
+class _Staging:
+    """The host twins of one operation's device Bufs, and their blocks."""
+
+    def __init__(self, pool: PinnedPool) -> None:
+        self.pool = pool
+        self.twins: dict[int, tuple[Buf, Buf, Any]] = {}  # id(device buf) -> (device, host, stream)
+        self.blocks: list[Any] = []
+
+    def host(self, buf: Buf) -> Buf:
+        hit = self.twins.get(id(buf))
+        if hit is not None:
+            return hit[1]
+        block = self.pool.acquire(buf.arr.nbytes)
+        self.blocks.append(block)
+        arr = host_view(block, buf.arr.dtype, tuple(buf.arr.shape))
+        twin = Buf(arr, buf.obj, buf.dtype, "cpu", None, -1)
+        self.twins[id(buf)] = (buf, twin, stream_for(buf))
+        return twin
+
+    def copy(self, bufs: list[Buf], to_host: bool) -> None:
+        """Device -> host (``to_host``) or back, for ``bufs``; waits for the copies."""
+        runtime = require_cupy().cuda.runtime
+        kind = runtime.memcpyDeviceToHost if to_host else runtime.memcpyHostToDevice
+        streams: dict[int, Any] = {}
+        for b in bufs:
+            dev, twin, stream = self.twins[id(b)]
+            n = dev.arr.nbytes
+            if n:
+                dptr, hptr = int(dev.arr.data.ptr), int(twin.arr.ctypes.data)
+                src, dst = (dptr, hptr) if to_host else (hptr, dptr)
+                runtime.memcpyAsync(dst, src, n, kind, stream.ptr)
+            streams.setdefault(int(stream.ptr), stream)
+        synchronize(streams.values())
+
+    def release(self) -> None:
+        for block in self.blocks:
+            self.pool.release(block)
+        self.blocks = []
+
+
+class StagedEngine:
+    """The MPI engine's operations on device arrays, through pinned host copies."""
+
+    path = "staged"
+
+    def __init__(self, pg: Any, device_type: str = "cuda", pool: PinnedPool | None = None) -> None:
+        self.pg = pg
+        self.host = MPIEngine(pg, device_type)
+        self.pool = pool if pool is not None else pinned_pool()
+
+    def _run(
+        self, name: str, reads: list[Buf], writes: list[Buf], start: Callable[[Callable[[Buf], Buf]], Any]
+    ) -> Work:
+        """Stage ``reads`` in, ``start`` the host operation, stage ``writes`` out on completion."""
+        check_devices([*reads, *writes], self.pg, name)
+        st = _Staging(self.pool)
+        for b in (*reads, *writes):
+            st.host(b)
+        try:
+            st.copy(reads, to_host=True)
+            inner = start(st.host)
+        except BaseException:
+            st.release()
+            raise
+        reqs, inner._reqs = inner._reqs, ()
+
+        def post() -> None:
+            try:
+                inner._finish()
+                if inner._source >= 0:
+                    outer._source = inner._source
+                st.copy(writes, to_host=False)
+            finally:
+                st.release()
+            for b in writes:
+                if b.writeback is not None:
+                    b.writeback()
+
+        outer = Work(reqs, post, (inner, st), self.pg._timeout_s, (name, self.pg), inner._result, inner._on_timeout)
+        outer._status = inner._status
+        return outer
+
+    def _is_root(self, root: int) -> bool:
+        return bool(self.pg._rank == root)
+
+    # -- operations ----------------------------------------------------------
+
+    def barrier(self, sync: bool = False) -> Work | None:
+        return self.host.barrier(sync=False)
+
+    def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work:
+        me = self._is_root(root)
+        return self._run(
+            "broadcast",
+            [buf] if me else [],
+            [] if me else [buf],
+            lambda h: self.host.broadcast(h(buf), root, sync=False),
+        )
+
+    def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work:
+        return self._run("all_reduce", [buf], [buf], lambda h: self.host.all_reduce(h(buf), rop, sync=False))
+
+    def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work:
+        return self._run(
+            "reduce",
+            [buf],
+            [buf] if self._is_root(root) else [],
+            lambda h: self.host.reduce(h(buf), root, rop, sync=False),
+        )
+
+    def all_gather(self, outs: list[Buf], inp: Buf, sync: bool = False) -> Work:
+        return self._run(
+            "all_gather", [inp], outs, lambda h: self.host.all_gather([h(o) for o in outs], h(inp), sync=False)
+        )
+
+    def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work:
+        return self._run(
+            "all_gather_into_tensor", [inp], [out], lambda h: self.host.all_gather_into(h(out), h(inp), sync=False)
+        )
+
+    def gather(self, inp: Buf, outs: list[Buf] | None, root: int, sync: bool = False) -> Work:
+        return self._run(
+            "gather",
+            [inp],
+            outs or [],
+            lambda h: self.host.gather(h(inp), None if outs is None else [h(o) for o in outs], root, sync=False),
+        )
+
+    def scatter(self, out: Buf, ins: list[Buf] | None, root: int, sync: bool = False) -> Work:
+        return self._run(
+            "scatter",
+            ins or [],
+            [out],
+            lambda h: self.host.scatter(h(out), None if ins is None else [h(b) for b in ins], root, sync=False),
+        )
+
+    def reduce_scatter(self, out: Buf, ins: list[Buf], rop: ResolvedOp, sync: bool = False) -> Work:
+        return self._run(
+            "reduce_scatter",
+            ins,
+            [out],
+            lambda h: self.host.reduce_scatter(h(out), [h(b) for b in ins], rop, sync=False),
+        )
+
+    def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> Work:
+        return self._run(
+            "reduce_scatter_tensor",
+            [inp],
+            [out],
+            lambda h: self.host.reduce_scatter_tensor(h(out), h(inp), rop, sync=False),
+        )
+
+    def all_to_all(self, outs: list[Buf], ins: list[Buf], sync: bool = False) -> Work:
+        return self._run(
+            "all_to_all",
+            ins,
+            outs,
+            lambda h: self.host.all_to_all([h(o) for o in outs], [h(b) for b in ins], sync=False),
+        )
+
+    def all_to_all_single(self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int], sync: bool = False) -> Work:
+        return self._run(
+            "all_to_all_single",
+            [inp],
+            [out],
+            lambda h: self.host.all_to_all_single(h(out), h(inp), rcounts, scounts, sync=False),
+        )
+
+    def send(self, buf: Buf, dst: int, tag: int) -> Work:
+        return self._run("send", [buf], [], lambda h: self.host.send(h(buf), dst, tag))
+
+    def recv(self, buf: Buf, src: int, tag: int) -> Work:
+        return self._run("recv", [], [buf], lambda h: self.host.recv(h(buf), src, tag))

@@ -1,0 +1,393 @@
+"""GPU support logic that needs no GPU: detection order, device maps and selection,
+staging pool, NCCL type plans, adapter dispatch and errors.
+
+Array-protocol objects here are plain Python objects exposing
+``__cuda_array_interface__`` / DLPack; MPI is the real one (a singleton).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import numpy as np
+import pytest
+
+import hpcdist
+from hpcdist.backends import parse_backend
+from hpcdist.buffers.adapters import TORCH_DEVICE_ADAPTERS, adapt
+from hpcdist.gpu import cuda_aware as ca
+from hpcdist.gpu.device import (
+    bound_device_index,
+    ordinal_for_local_rank,
+    physical_device,
+    visible_devices,
+)
+from hpcdist.gpu.nccl_types import AVG_VERSION, NCCL_DTYPES, NCCL_OPS, nccl_reduction
+from hpcdist.gpu.staging import PinnedPool, host_view, size_class
+from hpcdist.ops import ReduceOp, resolve_op
+
+pytestmark = pytest.mark.timeout(60)
+
+HAVE_CUPY = importlib.util.find_spec("cupy") is not None
+NEW = AVG_VERSION + 1000  # an NCCL with ncclAvg and bfloat16
+OLD = 2800
+
+
+# ------------------------------------------------------------------ CUDA-aware detection order
+
+
+def test_override_beats_mpi_answer_and_vendor_settings():
+    env = {"HPCDIST_CUDA_AWARE": "0", "MV2_USE_CUDA": "1"}
+    got = ca.detect(env, (True, "MPIX_Query_cuda_support() returned 1"))
+    assert (got.enabled, got.source) == (False, "override")
+    assert "HPCDIST_CUDA_AWARE=0" in got.reason
+    got = ca.detect({"HPCDIST_CUDA_AWARE": "yes"}, (False, "x"))
+    assert got.enabled and bool(got) and got.source == "override"
+
+
+def test_mpi_answer_beats_vendor_settings():
+    got = ca.detect({"MPICH_GPU_SUPPORT_ENABLED": "1"}, (False, "MPIX_Query_cuda_support() returned 0"))
+    assert (got.enabled, got.source) == (False, "mpi")
+    assert "MPIX_Query_cuda_support" in got.reason
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "expected", "vendor"),
+    [
+        ("MPICH_GPU_SUPPORT_ENABLED", "1", True, "Cray MPICH"),
+        ("MV2_USE_CUDA", "0", False, "MVAPICH2"),
+        ("OMPI_MCA_opal_cuda_support", "true", True, "Open MPI"),
+        ("MPIR_CVAR_ENABLE_GPU", "1", True, "MPICH"),
+    ],
+)
+def test_vendor_settings_when_mpi_has_no_answer(var, value, expected, vendor):
+    got = ca.detect({var: value}, None)
+    assert (got.enabled, got.source) == (expected, "vendor")
+    assert var in got.reason and vendor in got.reason
+
+
+def test_vendor_settings_in_registry_order_and_garbage_ignored():
+    env = {"MV2_USE_CUDA": "maybe", "OMPI_MCA_opal_cuda_support": "1", "MPIR_CVAR_ENABLE_GPU": "0"}
+    got = ca.detect(env, None)
+    assert got.enabled and "OMPI_MCA_opal_cuda_support" in got.reason
+
+
+def test_default_is_not_cuda_aware_with_reason():
+    got = ca.detect({}, None)
+    assert (got.enabled, got.source) == (False, "default")
+    assert "MPIX_Query_cuda_support" in got.reason
+
+
+def test_garbled_override_names_the_variable():
+    with pytest.raises(ValueError, match="HPCDIST_CUDA_AWARE"):
+        ca.detect({"HPCDIST_CUDA_AWARE": "perhaps"}, None)
+
+
+def test_register_vendor_setting_rejects_duplicates():
+    with pytest.raises(ValueError, match="already registered"):
+        ca.register_vendor_setting("MV2_USE_CUDA", "MVAPICH2")
+    with pytest.raises(ValueError):
+        ca.register_vendor_setting("", "x")
+
+
+def test_real_mpi_answers_or_says_why():
+    from mpi4py import MPI
+
+    answer = ca.query_mpi()
+    if MPI.get_vendor()[0] == "MPICH" and MPI.get_vendor()[1] >= (4, 0, 0):
+        assert answer is not None and "MPICH" in answer[1]  # MPICH >= 4 exports MPIX_Query_cuda_support
+    got = hpcdist.gpu.cuda_aware_mpi(refresh=True)
+    assert got.source in ("mpi", "vendor", "default", "override") and got.reason
+
+
+def test_env_override_is_read_on_every_call(monkeypatch):
+    monkeypatch.setenv("HPCDIST_CUDA_AWARE", "1")
+    assert hpcdist.gpu.cuda_aware_mpi().source == "override"
+    assert hpcdist.gpu.cuda_aware_mpi().enabled
+    monkeypatch.setenv("HPCDIST_CUDA_AWARE", "0")
+    assert not hpcdist.gpu.cuda_aware_mpi().enabled
+
+
+# ------------------------------------------------------------------ device maps and selection
+
+
+def test_device_maps():
+    assert parse_backend("cpu:mpi,cuda:nccl") == {"cpu": "mpi", "cuda": "nccl"}
+    assert parse_backend("nccl") == {"cuda": "nccl"}
+    assert parse_backend("mpi") == {"cpu": "mpi", "cuda": "mpi"}
+    with pytest.raises(ValueError, match="device must be 'cpu' or 'cuda'"):
+        parse_backend("tpu:nccl")
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (None, None),
+        ("", []),
+        ("-1", []),
+        ("2,3", ["2", "3"]),
+        ("0,-1,2", ["0"]),
+        (" 1 , 0 ", ["1", "0"]),
+        ("GPU-8f6c,MIG-1a2b", ["GPU-8f6c", "MIG-1a2b"]),
+        ("1,bogus,2", ["1"]),
+    ],
+)
+def test_visible_devices_follows_cuda_rules(raw, expected):
+    env = {} if raw is None else {"CUDA_VISIBLE_DEVICES": raw}
+    assert visible_devices(env) == expected
+
+
+def test_local_rank_maps_onto_visible_devices():
+    # every rank sees the node's 4 GPUs
+    assert [ordinal_for_local_rank(r, None, ["0", "1", "2", "3"]) for r in range(4)] == [0, 1, 2, 3]
+    # the launcher gave each rank its own GPU: ordinal 0 everywhere
+    assert [ordinal_for_local_rank(r, None, ["5"]) for r in range(3)] == [0, 0, 0]
+    # the runtime count wins over the variable; more ranks than GPUs wrap around
+    assert ordinal_for_local_rank(5, 2, ["0", "1", "2"]) == 1
+    assert physical_device(1, {"CUDA_VISIBLE_DEVICES": "2,3"}) == "3"
+    assert physical_device(1, {}) == "1"
+    with pytest.raises(ValueError, match="not visible"):
+        physical_device(2, {"CUDA_VISIBLE_DEVICES": "2,3"})
+
+
+def test_no_visible_device_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"no CUDA device is visible.*CUDA_VISIBLE_DEVICES ''"):
+        ordinal_for_local_rank(0, None, [])
+    with pytest.raises(RuntimeError, match="unset"):
+        ordinal_for_local_rank(0, None, None)
+    with pytest.raises(ValueError, match="local_rank"):
+        ordinal_for_local_rank(-1, 2, None)
+
+
+class _TorchLikeDevice:
+    def __init__(self, type_, index):
+        self.type, self.index = type_, index
+
+
+def test_bound_device_index_accepts_torch_forms():
+    assert bound_device_index(None) is None
+    assert bound_device_index(3) == 3
+    assert bound_device_index("cuda:1") == 1
+    assert bound_device_index(_TorchLikeDevice("cuda", 2)) == 2
+    with pytest.raises(ValueError, match="CUDA device"):
+        bound_device_index("cpu")
+    with pytest.raises(ValueError, match="CUDA device"):
+        bound_device_index(_TorchLikeDevice("cpu", None))
+    with pytest.raises(ValueError, match="cuda:N"):
+        bound_device_index("cuda:x")
+    with pytest.raises(TypeError):
+        bound_device_index(True)
+
+
+# ------------------------------------------------------------------ staging pool
+
+
+def test_size_classes():
+    assert size_class(0) == 0
+    assert size_class(1) == 4096
+    assert size_class(4096) == 4096
+    assert size_class(4097) == 8192
+    assert size_class(3 << 20) == 4 << 20
+    with pytest.raises(ValueError):
+        size_class(-1)
+
+
+def test_pool_reuses_blocks_across_calls():
+    pool = PinnedPool(alloc=lambda n: np.empty(n, np.uint8))
+    a = pool.acquire(1000)
+    pool.release(a)
+    b = pool.acquire(4000)  # same class: the same block back, nothing allocated
+    assert b is a and pool.allocations == 1
+    c = pool.acquire(4000)  # a's twin still out: a second block
+    assert c is not b and pool.allocations == 2
+    pool.release(b)
+    pool.release(c)
+    assert pool.cached_bytes == 8192
+    for _ in range(10):
+        blk = pool.acquire(3000)
+        pool.release(blk)
+    assert pool.allocations == 2
+
+
+def test_pool_caps_what_it_keeps():
+    pool = PinnedPool(alloc=lambda n: np.empty(n, np.uint8), max_free_per_class=1, max_cached_bytes=8192)
+    x, y = pool.acquire(10), pool.acquire(10)
+    pool.release(x)
+    pool.release(y)  # over the per-class cap: dropped
+    assert pool.cached_bytes == 4096
+    big = pool.acquire(5000)  # 8 KiB class
+    pool.release(big)  # would exceed 8 KiB in all: dropped
+    assert pool.cached_bytes == 4096
+    assert pool.acquire(0).nbytes == 0
+
+
+def test_host_view_shapes_a_block():
+    block = np.zeros(4096, np.uint8)
+    v = host_view(block, np.dtype(np.float32), (2, 3))
+    assert v.shape == (2, 3) and v.dtype == np.float32 and v.flags.c_contiguous
+    v[...] = 1.5
+    assert block[:24].view(np.float32).tolist() == [1.5] * 6
+    assert host_view(block, np.dtype(np.int64), (0, 4)).shape == (0, 4)
+
+
+# ------------------------------------------------------------------ NCCL plans
+
+
+def _plan(dtype, op, version=NEW):
+    return nccl_reduction(dtype, resolve_op(op, dtype), version)
+
+
+def test_nccl_plans_native_ops():
+    p = _plan("float32", ReduceOp.SUM)
+    assert (p.datatype, p.op, p.per_element, p.premul, p.divide_after) == (NCCL_DTYPES["float32"], 0, 1, None, False)
+    assert _plan("bfloat16", ReduceOp.MAX).datatype == 9
+    assert _plan("int64", ReduceOp.AVG).op == NCCL_OPS["avg"]
+    p = _plan("float16", ReduceOp.PREMUL_SUM(0.5))
+    assert p.op == NCCL_OPS["sum"] and p.premul == 0.5
+
+
+def test_nccl_plans_complex_as_float_pairs():
+    p = _plan("complex64", ReduceOp.AVG)
+    assert (p.datatype, p.op, p.per_element) == (NCCL_DTYPES["float32"], NCCL_OPS["avg"], 2)
+    assert _plan("complex128", ReduceOp.SUM).datatype == NCCL_DTYPES["float64"]
+    with pytest.raises(ValueError, match="complex"):
+        _plan("complex64", ReduceOp.MIN)
+
+
+def test_nccl_plans_bool_as_logical():
+    assert _plan("bool", ReduceOp.SUM).op == NCCL_OPS["max"]
+    assert _plan("bool", ReduceOp.BAND).op == NCCL_OPS["min"]
+    with pytest.raises(ValueError, match=r"BXOR.*NCCL"):
+        _plan("bool", ReduceOp.BXOR)
+
+
+def test_nccl_refuses_what_it_lacks_with_the_fix():
+    with pytest.raises(ValueError, match=r"bitwise.*cpu:mpi,cuda:mpi"):
+        _plan("int32", ReduceOp.BOR)
+    with pytest.raises(TypeError, match="int16"):
+        _plan("int16", ReduceOp.SUM)
+    with pytest.raises(TypeError, match=r"bfloat16.*2.10"):
+        _plan("bfloat16", ReduceOp.SUM, OLD)
+
+
+def test_nccl_avg_before_2_10_is_sum_then_divide():
+    p = _plan("float32", ReduceOp.AVG, OLD)
+    assert p.op == NCCL_OPS["sum"] and p.divide_after
+
+
+# ------------------------------------------------------------------ adapters: dispatch and errors
+
+
+class _CAI:
+    """A plain object that says its memory is on the GPU."""
+
+    def __init__(self, typestr="<f4", readonly=False):
+        self.__cuda_array_interface__ = {
+            "shape": (4,), "typestr": typestr, "data": (0x7F0000000000, readonly), "version": 3, "strides": None,
+        }
+
+
+class _DLPackOn:
+    def __init__(self, arr, device):
+        self.arr, self.device = arr, device
+
+    def __dlpack__(self, **kwargs):
+        return self.arr.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.device
+
+
+class _DLPackCuda(_DLPackOn):
+    pass
+
+
+@pytest.mark.skipif(HAVE_CUPY, reason="checks the message shown when CuPy is missing")
+def test_cuda_array_without_cupy_says_how_to_install_it():
+    with pytest.raises(TypeError, match=r"need CuPy.*pip install 'hpcdist\[gpu\]'"):
+        adapt(_CAI(), "tensor", False)
+    with pytest.raises(TypeError, match=r"DLPack arrays on CUDA.*need CuPy"):
+        adapt(_DLPackCuda(np.zeros(3), (2, 0)), "tensor", False)
+
+
+def test_cuda_array_errors_that_need_no_cupy():
+    with pytest.raises(ValueError, match="read-only"):
+        adapt(_CAI(readonly=True), "output", True)
+    with pytest.raises(TypeError, match="dtype"):
+        adapt(_CAI(typestr="|V8"), "tensor", False)
+
+
+def test_host_dlpack_objects_still_go_to_the_host_path():
+    buf = adapt(_DLPackOn(np.arange(3.0), (1, 0)), "tensor", False)
+    assert buf.device == "cpu" and buf.arr.tolist() == [0.0, 1.0, 2.0]
+
+
+def test_host_arrays_are_untouched_by_the_gpu_adapters():
+    assert adapt(np.arange(4), "t", True).device == "cpu"
+    torch = pytest.importorskip("torch")
+    assert adapt(torch.arange(3, dtype=torch.float32, requires_grad=True), "t", False).device == "cpu"
+    assert "cuda" in TORCH_DEVICE_ADAPTERS
+
+
+def test_importing_hpcdist_imports_no_gpu_library():
+    import subprocess
+    import sys
+
+    code = "import sys, hpcdist, hpcdist.gpu; print('cupy' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+# ------------------------------------------------------------------ groups: engine choice and host arrays under NCCL
+
+
+@pytest.fixture
+def world(request):
+    backend = getattr(request, "param", "mpi")
+    hpcdist.init_process_group(backend)
+    try:
+        yield hpcdist.group.WORLD
+    finally:
+        hpcdist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", ["nccl"], indirect=True)
+def test_host_array_on_an_nccl_only_group_names_the_device_map(world):
+    with pytest.raises(ValueError, match=r"cannot move cpu arrays.*cpu:mpi,cuda:nccl"):
+        hpcdist.all_reduce(np.ones(2))
+
+
+@pytest.mark.skipif(HAVE_CUPY, reason="checks the message shown when CuPy is missing")
+def test_cuda_array_on_a_group_without_cupy_fails_before_moving(world):
+    with pytest.raises(TypeError, match="need CuPy"):
+        hpcdist.all_reduce(_CAI())
+
+
+def test_staging_decision_follows_the_override(world, monkeypatch):
+    from hpcdist.backends import mpi_cuda
+    from hpcdist.backends.mpi_cuda_staged import StagedEngine
+
+    pg = hpcdist.group.WORLD
+    monkeypatch.setenv("HPCDIST_CUDA_AWARE", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an explicit choice of staging does not warn
+        assert isinstance(mpi_cuda.cuda_engine(pg), StagedEngine)
+    monkeypatch.setenv("HPCDIST_CUDA_AWARE", "1")
+    assert isinstance(mpi_cuda.cuda_engine(pg), mpi_cuda.CudaAwareEngine)
+
+
+def test_staging_without_override_warns_once_with_the_fix(world, monkeypatch):
+    from hpcdist.backends import mpi_cuda
+
+    monkeypatch.delenv("HPCDIST_CUDA_AWARE", raising=False)
+    if hpcdist.gpu.cuda_aware_mpi().enabled:
+        pytest.skip("this MPI is CUDA-aware: nothing is staged")
+    monkeypatch.setattr(mpi_cuda, "_WARNED", [])
+    pg = hpcdist.group.WORLD
+    with pytest.warns(RuntimeWarning, match=r"not CUDA-aware.*HPCDIST_CUDA_AWARE"):
+        eng = mpi_cuda.cuda_engine(pg)
+    assert eng.path == "staged"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mpi_cuda.cuda_engine(pg)  # once per process
