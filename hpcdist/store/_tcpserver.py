@@ -194,7 +194,8 @@ class TCPServer:
         if self._resume:
             timeout: float | None = 0.0
         elif self._timers:
-            timeout = max(0.0, self._timers[0][0] - time.monotonic())
+            # bounded: epoll refuses timeouts above INT_MAX milliseconds
+            timeout = min(max(0.0, self._timers[0][0] - time.monotonic()), 60.0)
         else:
             timeout = None
         for key, mask in self._sel.select(timeout):
@@ -343,6 +344,9 @@ class TCPServer:
             handler(conn, args)
         except (P.ProtocolError, ValueError, IndexError) as exc:
             self._drop(conn, f"malformed request: {exc}")
+        except Exception:  # a bug must cost one connection, never the server
+            _log.exception("hpcdist store server: error serving %s; dropping the connection", conn.peer)
+            self._drop(conn, None)
 
     def _auth(self, conn: _Conn, op: int, args: list[bytes]) -> None:
         if op != P.OP_AUTH or len(args) != 2 or len(args[0]) != NONCE_BYTES:

@@ -42,7 +42,7 @@ class HashStore(Store):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise timeout_error(op, [k for k in keys if k not in self._state.data] or keys, timeout)
-            cond.wait(left)
+            cond.wait(min(left, 3600.0))  # bounded: huge timeouts overflow the lock's C timeout
 
     def _set(self, key: str, value: bytes) -> None:
         with self._cond:

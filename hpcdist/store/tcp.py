@@ -156,6 +156,7 @@ class _Channel:
         self._timeout: float | None = -1.0
 
     def settimeout(self, seconds: float) -> None:
+        seconds = min(seconds, 1e7)  # ~116 days; larger values overflow the C timeout
         if seconds != self._timeout:
             self.sock.settimeout(seconds)
             self._timeout = seconds

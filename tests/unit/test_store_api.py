@@ -198,6 +198,20 @@ def test_wait_explicit_timeout_overrides_store_timeout(store):
 
 
 @pytest.mark.timeout(30)
+def test_very_long_timeout_is_accepted(store):
+    store.set_timeout(timedelta(days=10000))
+    other = store.clone()
+    got: list[bytes] = []
+    t = threading.Thread(target=lambda: got.append(store.get("eventually")))
+    t.start()
+    time.sleep(0.05)
+    other.set("eventually", b"1")
+    t.join(HANG_GUARD)
+    assert got == [b"1"]
+    store.wait(["eventually"], timedelta.max)
+
+
+@pytest.mark.timeout(30)
 def test_barrier_threads(store):
     n = 3
     handles = [store] + [store.clone() for _ in range(n - 1)]

@@ -552,3 +552,32 @@ def test_clone_and_close(master):
         c.get("x")
     with TCPStore(HOST, master.port, timeout=T30) as ctx:
         assert ctx.get("x") == b"1"
+
+
+@pytest.mark.timeout(30)
+def test_very_long_timeouts_do_not_overflow_the_event_loop(no_env_secret):
+    # a server whose only deadlines are far away: epoll would refuse them unbounded
+    from hpcdist.store._tcpserver import TCPServer
+
+    lsock = socket.socket()
+    lsock.bind((HOST, 0))
+    lsock.listen()
+    server = TCPServer(lsock, None, auth_timeout=1e9)
+    server.start()
+    port = server.address[1]
+    try:
+        long = timedelta(days=1000)
+        a = TCPStore(HOST, port, timeout=long)
+        b = TCPStore(HOST, port, timeout=long)
+        done: list[object] = []
+        t = threading.Thread(target=lambda: done.append(a.wait(["late"], long)))
+        t.start()
+        time.sleep(0.3)
+        b.set("late", b"1")
+        t.join(HANG_GUARD)
+        assert done == [None]
+        assert a.get("late") == b"1"
+        a.close()
+        b.close()
+    finally:
+        server.stop()
