@@ -1,0 +1,275 @@
+"""Unit tests of the core's MPI-free logic: ops, dtypes, adapters, Work/Future, backends, knobs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import hpcdist as dist
+from hpcdist import ReduceOp
+from hpcdist.backends import Backend, parse_backend
+from hpcdist.buffers import adapt
+from hpcdist.buffers.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
+from hpcdist.ops import resolve_op, supports_complex
+from hpcdist.work import Future, completed_work
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+# ------------------------------------------------------------------ import and init state
+
+
+def test_import_does_no_mpi_work():
+    code = "import sys, hpcdist; assert 'mpi4py.MPI' not in sys.modules, 'MPI imported at import time'; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("call", [
+    lambda: dist.all_reduce(np.ones(2)),
+    lambda: dist.get_rank(),
+    lambda: dist.get_world_size(),
+    lambda: dist.broadcast_object_list([1], src=0),
+    lambda: dist.new_group([0]),
+    lambda: dist.send(np.ones(1), dst=1),
+])
+def test_calls_before_init_raise(call):
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="init_process_group"):
+        call()
+
+
+def test_all_names_exported():
+    for name in dist.__all__:
+        assert hasattr(dist, name), name
+    ref = open("/work/shared/reference/torch_distributed_2.13_api.txt").read() if __import__("os").path.exists(
+        "/work/shared/reference/torch_distributed_2.13_api.txt") else ""
+    needed = ["init_process_group", "all_reduce", "all_to_all_single", "batch_isend_irecv", "monitored_barrier",
+              "new_subgroups_by_enumeration", "split_group", "reduce_scatter_tensor", "scatter_object_list"]
+    for name in needed:
+        assert name in dist.__all__ and (not ref or name in ref)
+
+
+# ------------------------------------------------------------------ ops
+
+
+def test_reduce_op_names_and_premul():
+    assert int(ReduceOp.SUM) == 0 and ReduceOp.MAX.name == "MAX"
+    p = ReduceOp.PREMUL_SUM(0.5)
+    assert p.factor == 0.5 and resolve_op(p, "float32").premul == 0.5
+    assert dist._make_nccl_premul_sum(2).factor == 2
+    assert dist.reduce_op.SUM is ReduceOp.SUM
+    with pytest.raises(TypeError, match="PREMUL_SUM"):
+        ReduceOp.SUM(2.0)
+    with pytest.raises(TypeError, match="one-element"):
+        ReduceOp.PREMUL_SUM("x")
+
+
+@pytest.mark.parametrize(("op", "dtype", "err"), [
+    (ReduceOp.BAND, "float32", "bitwise"),
+    (ReduceOp.BXOR, "bfloat16", "bitwise"),
+    (ReduceOp.MIN, "complex64", "complex"),
+    (ReduceOp.PRODUCT, "complex128", "complex"),
+    (ReduceOp.AVG, "bool", "bool"),
+])
+def test_op_dtype_errors(op, dtype, err):
+    with pytest.raises(ValueError, match=err):
+        resolve_op(op, dtype)
+
+
+def test_supports_complex_matches_torch():
+    assert supports_complex(ReduceOp.SUM) and supports_complex(ReduceOp.AVG)
+    assert not supports_complex(ReduceOp.MAX) and not supports_complex(ReduceOp.BAND)
+    if torch is not None:
+        import torch.distributed as tdist
+
+        for op in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"):
+            assert supports_complex(getattr(ReduceOp, op)) == tdist.supports_complex(getattr(tdist.ReduceOp, op)), op
+
+
+# ------------------------------------------------------------------ half precision
+
+
+def test_bfloat16_rounding_matches_torch():
+    if torch is None:
+        pytest.skip("torch is not installed: it is the independent reference for bfloat16 rounding")
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(10000).astype(np.float32) * 1e3,
+                        np.array([0.0, -0.0, np.inf, -np.inf, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 3.4e38, 1e-40],
+                                 dtype=np.float32)])
+    want = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(f32_to_bf16_bits(x), want)
+    assert np.array_equal(bf16_bits_to_f32(want), torch.from_numpy(want.view(np.int16)).view(torch.bfloat16).float().numpy())
+    nan = f32_to_bf16_bits(np.array([np.nan], dtype=np.float32))
+    assert np.isnan(bf16_bits_to_f32(nan))[0]
+
+
+# ------------------------------------------------------------------ adapters
+
+
+def test_numpy_adapter_zero_copy_and_errors():
+    a = np.arange(6.0)
+    b = adapt(a, "tensor", True)
+    assert b.arr is a and b.dtype == "float64" and b.device == "cpu" and b.writeback is None
+    ro = np.ones(3)
+    ro.flags.writeable = False
+    assert adapt(ro, "tensor", False).arr is ro
+    with pytest.raises(ValueError, match="tensor is read-only"):
+        adapt(ro, "tensor", True)
+    with pytest.raises(TypeError, match="output must be an array"):
+        adapt({"a": 1}, "output", True)
+
+
+def test_non_contiguous_output_is_written_back():
+    base = np.zeros((4, 3))
+    view = base[:, 1]
+    b = adapt(view, "tensor", True)
+    assert b.arr.flags.c_contiguous and b.writeback is not None
+    b.arr[:] = 7
+    b.writeback()
+    assert base[:, 1].tolist() == [7.0] * 4 and base[:, 0].tolist() == [0.0] * 4
+
+
+def test_torch_adapter_shares_memory_and_bf16_bits():
+    if torch is None:
+        pytest.skip("torch is not installed")
+    t = torch.arange(4, dtype=torch.float32)
+    b = adapt(t, "tensor", True)
+    b.arr[0] = 42
+    assert t[0].item() == 42  # zero-copy
+    h = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)
+    hb = adapt(h, "tensor", True)
+    assert hb.dtype == "bfloat16" and hb.arr.dtype == np.uint16
+    assert np.array_equal(bf16_bits_to_f32(hb.arr), np.array([1.5, -2.0], dtype=np.float32))
+    g = torch.ones(2, requires_grad=True)
+    assert adapt(g, "tensor", False).arr.tolist() == [1.0, 1.0]
+
+
+def test_generic_protocols():
+    assert adapt(bytearray(b"ab"), "t", True).arr.tolist() == [97, 98]
+    with pytest.raises(ValueError, match="read-only"):
+        adapt(b"ab", "t", True)
+
+    class OnlyDLPack:
+        def __init__(self):
+            self._a = np.arange(3, dtype=np.int32)
+
+        def __dlpack__(self, **kw):
+            return self._a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self._a.__dlpack_device__()
+
+    d = OnlyDLPack()
+    assert adapt(d, "t", False).arr.tolist() == [0, 1, 2]
+
+    class Iface:
+        def __init__(self):
+            self._a = np.arange(3, dtype=np.int16)
+            self.__array_interface__ = self._a.__array_interface__
+
+    assert adapt(Iface(), "t", False).arr.tolist() == [0, 1, 2]
+
+
+def test_cuda_tensor_without_gpu_support_is_a_clear_error():
+    class FakeCuda:
+        __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+    with pytest.raises((TypeError, ValueError), match="(?i)cuda|cupy|gpu"):
+        adapt(FakeCuda(), "tensor", True)
+
+
+# ------------------------------------------------------------------ Work / Future
+
+
+def test_future_then_and_errors():
+    w = completed_work("noop", result=[1, 2])
+    assert w.wait() and w.is_completed() and w.is_success() and w.result() == [1, 2]
+    f = w.get_future()
+    assert f.done() and f.value() == [1, 2]
+    g = f.then(lambda fut: sum(fut.value()))
+    assert g.wait() == 3
+    boom = f.then(lambda fut: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        boom.wait()
+    fresh = Future()
+    seen = []
+    fresh.add_done_callback(lambda fu: seen.append(fu.value()))
+    fresh.set_result(5)
+    assert seen == [5]
+    with pytest.raises(dist.DistError):
+        fresh.set_result(6)
+
+
+# ------------------------------------------------------------------ backends and knobs
+
+
+def test_backend_names_and_device_maps():
+    assert Backend("MPI") == "mpi" and Backend("gloo") == "gloo"
+    with pytest.raises(ValueError, match="unknown backend 'ucx'"):
+        Backend("ucx")
+    assert parse_backend("mpi") == {"cpu": "mpi", "cuda": "mpi"}
+    assert parse_backend("nccl") == {"cuda": "nccl"}
+    assert parse_backend("cpu:mpi,cuda:nccl") == {"cpu": "mpi", "cuda": "nccl"}
+    assert parse_backend(None) == {"cpu": "mpi", "cuda": "mpi"}
+    with pytest.raises(ValueError, match="device:backend"):
+        parse_backend("cpu=mpi,cuda:nccl")
+    with pytest.raises(TypeError):
+        parse_backend(3)
+    assert dist.get_default_backend_for_device("cuda:0") == "mpi"
+
+
+def test_register_backend():
+    def factory(pg, device_type):
+        return object()
+
+    Backend.register_backend("mybk", factory, devices=["cpu"])
+    assert Backend("mybk") == "mybk" and dist.is_backend_available("mybk")
+    assert parse_backend("mybk") == {"cpu": "mybk"}
+    with pytest.raises(ValueError, match="already registered"):
+        Backend.register_backend("mybk", factory)
+    with pytest.raises(ValueError, match="already registered"):
+        Backend.register_backend("mpi", factory)
+    with pytest.raises(TypeError, match="callable"):
+        Backend.register_backend("other", 3)
+
+
+@pytest.mark.parametrize(("name", "value", "fn"), [
+    ("HPCDIST_TIMEOUT", "soon", "default_timeout"),
+    ("HPCDIST_TIMEOUT", "-1", "default_timeout"),
+    ("HPCDIST_ABORT_ON_EXCEPTION", "maybe", "abort_on_exception"),
+    ("HPCDIST_WAIT", "spin", "wait_mode"),
+    ("HPCDIST_OBJECT_UNPICKLER", "some", "object_unpickler"),
+])
+def test_bad_knobs_name_themselves(monkeypatch, name, value, fn):
+    from hpcdist import config
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        getattr(config, fn)()
+
+
+def test_object_roundtrip_and_restricted_unpickler(monkeypatch):
+    from hpcdist.objects import dumps, loads
+
+    obj = {"a": np.arange(5.0), "b": [1, "x", (2, 3)], "c": None}
+    back = loads(dumps(obj))
+    assert np.array_equal(back["a"], obj["a"]) and back["b"] == obj["b"]
+    monkeypatch.setenv("HPCDIST_OBJECT_UNPICKLER", "restricted")
+    assert loads(dumps([1, 2.0, "s", {"k": (1,)}])) == [1, 2.0, "s", {"k": (1,)}]
+    assert np.array_equal(loads(dumps(np.arange(3))), np.arange(3))
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    import pickle
+
+    with pytest.raises(pickle.UnpicklingError, match="restricted"):
+        loads(dumps(Evil()))
