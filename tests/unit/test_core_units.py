@@ -48,8 +48,10 @@ def test_calls_before_init_raise(call):
 def test_all_names_exported():
     for name in dist.__all__:
         assert hasattr(dist, name), name
-    ref = open("/work/shared/reference/torch_distributed_2.13_api.txt").read() if __import__("os").path.exists(
-        "/work/shared/reference/torch_distributed_2.13_api.txt") else ""
+    from pathlib import Path
+
+    ref_file = Path(__file__).resolve().parents[3] / "shared" / "reference" / "torch_distributed_2.13_api.txt"
+    ref = ref_file.read_text() if ref_file.exists() else ""
     needed = ["init_process_group", "all_reduce", "all_to_all_single", "batch_isend_irecv", "monitored_barrier",
               "new_subgroups_by_enumeration", "split_group", "reduce_scatter_tensor", "scatter_object_list"]
     for name in needed:
@@ -212,7 +214,7 @@ def test_future_then_and_errors():
 
 def test_backend_names_and_device_maps():
     assert Backend("MPI") == "mpi" and Backend("gloo") == "gloo"
-    with pytest.raises(ValueError, match="unknown backend 'ucx'"):
+    with pytest.raises(ValueError, match="unknown backend 'ucx'"):  # noqa: RUF043
         Backend("ucx")
     assert parse_backend("mpi") == {"cpu": "mpi", "cuda": "mpi"}
     assert parse_backend("nccl") == {"cuda": "nccl"}
