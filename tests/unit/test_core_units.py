@@ -214,7 +214,7 @@ def test_future_then_and_errors():
 
 def test_backend_names_and_device_maps():
     assert Backend("MPI") == "mpi" and Backend("gloo") == "gloo"
-    with pytest.raises(ValueError, match="unknown backend 'ucx'"):  # noqa: RUF043
+    with pytest.raises(ValueError, match="unknown backend 'ucx'"):
         Backend("ucx")
     assert parse_backend("mpi") == {"cpu": "mpi", "cuda": "mpi"}
     assert parse_backend("nccl") == {"cuda": "nccl"}
