@@ -183,7 +183,7 @@ def test_cuda_tensor_without_gpu_support_is_a_clear_error():
     class FakeCuda:
         __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (0, False), "version": 3}
 
-    with pytest.raises((TypeError, ValueError), match="(?i)cuda|cupy|gpu"):
+    with pytest.raises((TypeError, ValueError), match=r"(?i)cuda|cupy|gpu"):
         adapt(FakeCuda(), "tensor", True)
 
 
