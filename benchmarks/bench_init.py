@@ -110,15 +110,18 @@ def main() -> int:
     print(
         f"# {platform.node()}: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
     )
-    print(f"# {MPI.Get_library_version().splitlines()[0].strip()}; median of {args.repeat} runs, slowest rank per run")
+    print(
+        f"# {MPI.Get_library_version().splitlines()[0].strip()}; median (min-max) of {args.repeat} runs, slowest rank per run"
+    )
     header = "| processes | " + " | ".join(f"{lib} (ms)" for lib in libs) + " |"
     print(header)
     print("|" + "---|" * (len(libs) + 1))
     for n in sizes:
-        cells = []
-        for lib in libs:
-            runs = [one_run(lib, n, args.limit) for _ in range(args.repeat)]
-            cells.append(f"{1000 * statistics.median(runs):.0f} ({1000 * min(runs):.0f}-{1000 * max(runs):.0f})")
+        runs: dict[str, list[float]] = {lib: [] for lib in libs}
+        for _ in range(args.repeat):  # interleaved, so that load from elsewhere hits every library alike
+            for lib in libs:
+                runs[lib].append(one_run(lib, n, args.limit))
+        cells = [f"{1000 * statistics.median(r):.0f} ({1000 * min(r):.0f}-{1000 * max(r):.0f})" for r in runs.values()]
         print(f"| {n} | " + " | ".join(cells) + " |", flush=True)
     return 0
 

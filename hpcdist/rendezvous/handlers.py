@@ -170,11 +170,14 @@ def _mpi_handler(url: str, timeout: timedelta = DEFAULT_RENDEZVOUS_TIMEOUT, **kw
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     query = query_to_dict(urlparse(url).query, scheme="mpi")
+    given = {
+        k: parse_int(query[k], field=k, where="the mpi:// URL query") for k in ("rank", "world_size") if k in query
+    }
+    if given.get("world_size", -1) in (0, -1) and given.get("rank", 0) in (0, -1):
+        given = {}  # the tutorial's rank=0, world_size=0: "take them from MPI"
     for name, truth in (("rank", rank), ("world_size", size)):
-        if name in query:
-            given = parse_int(query[name], field=name, where="the mpi:// URL query")
-            if given != truth:
-                raise ValueError(f"mpi:// rendezvous: {name}={given} contradicts MPI's COMM_WORLD {name} {truth}")
+        if name in given and given[name] != truth:
+            raise ValueError(f"mpi:// rendezvous: {name}={given[name]} contradicts MPI's COMM_WORLD {name} {truth}")
     yield group_store(comm, timeout), rank, size
     raise RuntimeError("Unable to perform re-rendezvous using mpi:// method")
 

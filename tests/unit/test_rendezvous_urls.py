@@ -204,3 +204,25 @@ def test_broken_mpich_detected(version, broken):
     assert (reason is not None) == broken
     if broken:
         assert "mpich>=4.3,<4.4" in reason and "launcher" in reason
+
+
+# --- join_world argument types (checked before any MPI work) ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"init_method": 5}, "init_method must be a URL string"),
+        ({"rank": "0"}, "rank must be an int"),
+        ({"world_size": True}, "world_size must be an int"),
+        ({"timeout": 30}, "timeout must be a positive datetime.timedelta"),
+        ({"timeout": timedelta(0)}, "timeout must be a positive datetime.timedelta"),
+    ],
+)
+def test_join_world_argument_types(kw, match):
+    from hpcdist.rendezvous import join_world
+
+    args = {"init_method": None, "store": None, "rank": -1, "world_size": -1, "timeout": T, **kw}
+    init_method = args.pop("init_method")
+    with pytest.raises(TypeError, match=match):
+        join_world(init_method, **args)
