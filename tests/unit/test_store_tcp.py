@@ -299,6 +299,8 @@ def test_server_dying_during_wait_raises_network_error_promptly(no_env_secret):
     finally:
         proc.kill()
         proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 @pytest.mark.timeout(30)
