@@ -1,0 +1,191 @@
+"""GPU-only behaviour: adapters on device memory, streams and async Work, staging reuse,
+NCCL's refusals, wrong-device errors, p2p on device arrays. Runs over every path of conftest.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpu_arrays import gpu_missing, torch, torch_cuda
+
+import hpcdist as dist
+from hpcdist.buffers.adapters import adapt
+
+pytestmark = pytest.mark.timeout(120)
+
+cp = pytest.importorskip("cupy", reason="the GPU tests need CuPy (pip install 'hpcdist[gpu]')")
+_why = gpu_missing()
+if _why is not None:
+    pytest.skip(_why, allow_module_level=True)
+
+
+def me() -> int:
+    return dist.get_rank()
+
+
+def n() -> int:
+    return dist.get_world_size()
+
+
+def settle(work) -> None:
+    """Wait so that the host may read the result (NCCL: wait() alone does not block the host)."""
+    if hasattr(work, "_event"):
+        work.synchronize()
+    else:
+        work.wait()
+
+
+class CAIView:
+    """A foreign device array: only ``__cuda_array_interface__``."""
+
+    def __init__(self, arr):
+        self.arr = arr
+        self.__cuda_array_interface__ = arr.__cuda_array_interface__
+
+
+def test_adapters_share_device_memory(gpu_path):
+    x = cp.arange(6, dtype=cp.float32)
+    b = adapt(x, "x", True)
+    assert (b.device, b.index, b.dtype) == ("cuda", x.device.id, "float32") and b.arr.data.ptr == x.data.ptr
+    c = adapt(CAIView(x), "x", True)
+    assert c.device == "cuda" and c.arr.data.ptr == x.data.ptr
+    if torch_cuda():
+        t = torch.ones(4, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        tb = adapt(t, "t", False)
+        assert (tb.device, tb.dtype, str(tb.arr.dtype)) == ("cuda", "bfloat16", "uint16")
+        assert tb.arr.data.ptr == t.data_ptr()
+
+
+def test_foreign_device_arrays_reduce_in_place(gpu_path):
+    x = cp.full(5, float(me() + 1), dtype=cp.float64)
+    dist.all_reduce(CAIView(x))
+    assert cp.asnumpy(x).tolist() == [n() * (n() + 1) / 2] * 5
+    y = cp.full(3, 1, dtype=cp.int32)
+    holder = type("DL", (), {"__dlpack__": lambda s, **k: y.__dlpack__(**k),
+                             "__dlpack_device__": lambda s: y.__dlpack_device__()})()
+    dist.all_reduce(holder)
+    assert cp.asnumpy(y).tolist() == [n()] * 3
+
+
+def test_non_contiguous_device_views(gpu_path):
+    base = cp.arange(2 * 8, dtype=cp.float64).reshape(8, 2) + me()
+    view = base[:, 1]
+    dist.all_reduce(view)
+    want = sum(np.arange(16.0).reshape(8, 2) + r for r in range(n()))
+    assert np.array_equal(cp.asnumpy(base[:, 1]), want[:, 1])
+    assert np.array_equal(cp.asnumpy(base[:, 0]), np.arange(16.0).reshape(8, 2)[:, 0] + me())
+    if torch_cuda():
+        t = torch.arange(16, dtype=torch.float32, device="cuda").reshape(8, 2) + me()
+        tv = t[:, 0]
+        dist.all_reduce(tv)
+        assert torch.equal(t[:, 0].cpu(), torch.tensor(want[:, 0], dtype=torch.float32))
+
+
+def test_requires_grad_cuda_tensor(gpu_path):
+    if not torch_cuda():
+        pytest.skip("torch has no CUDA here")
+    t = torch.ones(3, device="cuda", requires_grad=True)
+    with torch.no_grad():
+        dist.all_reduce(t)
+    assert torch.equal(t.detach().cpu(), torch.full((3,), float(n())))
+
+
+def test_async_work_completes_with_data_in_place(gpu_path):
+    xs = [cp.full(1 << 16, float(me() + k), dtype=cp.float32) for k in range(3)]
+    works = [dist.all_reduce(x, async_op=True) for x in xs]
+    for w in works:
+        settle(w)
+        assert w.is_completed() and w.is_success()
+    for k, x in enumerate(xs):
+        assert float(x[0]) == sum(r + k for r in range(n()))
+
+
+def test_nccl_stream_semantics(gpu_path):
+    if dist.get_backend() != "cpu:mpi,cuda:nccl":
+        pytest.skip("NCCL path only")
+    side = cp.cuda.Stream(non_blocking=True)
+    with side:
+        x = cp.full(1 << 20, float(me() + 1), dtype=cp.float32)
+        w = dist.all_reduce(x, async_op=True)
+        assert w.wait() is True  # returns at once: the stream is ordered after the operation
+        y = x * 2  # enqueued behind the all-reduce on the same stream
+    side.synchronize()
+    assert float(y[0]) == 2 * n() * (n() + 1) / 2
+    w.synchronize()
+    assert w.is_completed() and w.is_success()
+    # another stream than the one the operation ran on: wait() makes it wait on the event
+    with side:
+        z = cp.full(8, 1.0, dtype=cp.float32)
+        w2 = dist.all_reduce(z, async_op=True)
+    other = cp.cuda.Stream(non_blocking=True)
+    with other:
+        w2.wait()
+        total = float((z * 1).sum())
+    assert total == 8.0 * n()
+
+
+def test_staging_reuses_pinned_blocks(gpu_path):
+    if gpu_path["world"] is not None or dist.group.WORLD.engine("cuda").path != "staged":
+        pytest.skip("staged path only")
+    from hpcdist.gpu.staging import pinned_pool
+
+    pool = pinned_pool()
+    x = cp.ones(12345, dtype=cp.float32)
+    dist.all_reduce(x)
+    before = pool.allocations
+    for _ in range(5):
+        dist.all_reduce(x)
+    assert pool.allocations == before
+
+
+def test_nccl_refuses_what_it_lacks_before_anything_moves(gpu_path):
+    if dist.get_backend() != "cpu:mpi,cuda:nccl":
+        pytest.skip("NCCL path only")
+    x16 = cp.ones(4, dtype=cp.int16)
+    with pytest.raises(TypeError, match="NCCL cannot reduce dtype int16"):
+        dist.all_reduce(x16)
+    with pytest.raises(ValueError, match="bitwise"):
+        dist.all_reduce(cp.ones(4, dtype=cp.int32), op=dist.ReduceOp.BAND)
+    with pytest.raises(ValueError, match="any source"):
+        dist.irecv(cp.empty(4, dtype=cp.float32))
+    dist.broadcast(x16, src=0)  # data movement takes every dtype
+    assert cp.asnumpy(x16).tolist() == [1] * 4
+
+
+def test_array_on_another_device_is_refused(gpu_path):
+    count = cp.cuda.runtime.getDeviceCount()
+    if count < 2:
+        pytest.skip("needs two visible GPUs")
+    other = (cp.cuda.runtime.getDevice() + 1) % count
+    with cp.cuda.Device(other):
+        x = cp.ones(4, dtype=cp.float32)
+    with pytest.raises(ValueError, match=r"current CUDA device"):
+        dist.all_reduce(x)
+
+
+def test_send_recv_and_batch_on_device(gpu_path):
+    if n() < 2:
+        pytest.skip("needs two ranks")
+    right, left = (me() + 1) % n(), (me() - 1) % n()
+    out = cp.full(7, float(me()), dtype=cp.float64)
+    inc = cp.zeros(7, dtype=cp.float64)
+    ops = [dist.P2POp(dist.isend, out, right), dist.P2POp(dist.irecv, inc, left)]
+    works = dist.batch_isend_irecv(ops) if dist.get_backend() != "cpu:mpi,cuda:nccl" else None
+    if works is None:  # NCCL: a ring needs one grouped call (the engine's batch_p2p)
+        eng = dist.group.WORLD.engine("cuda")
+        works = eng.batch_p2p([(True, adapt(out, "out", False), right, 0), (False, adapt(inc, "inc", True), left, 0)])
+    for w in works:
+        settle(w)
+    assert cp.asnumpy(inc).tolist() == [float(left)] * 7
+    if me() == 0:
+        dist.send(cp.arange(5, dtype=cp.int64), dst=1)
+    elif me() == 1:
+        buf = cp.zeros(5, dtype=cp.int64)
+        assert dist.recv(buf, src=0) == 0
+        cp.cuda.get_current_stream().synchronize()
+        assert cp.asnumpy(buf).tolist() == list(range(5))
+
+
+def test_cuda_awareness_is_reported_with_its_reason(gpu_path):
+    got = dist.gpu.cuda_aware_mpi()
+    assert isinstance(got.enabled, bool) and got.reason and got.source in ("override", "mpi", "vendor", "default")
