@@ -24,7 +24,7 @@ from ..errors import DistNetworkError, DistStoreError, DistTimeoutError, QueueEm
 from . import _protocol as P
 from ._auth import ENV_SECRET, ENV_SECRET_FILE, client_proof, new_nonce, resolve_secret, server_proof
 from ._tcpserver import TCPServer
-from .base import DEFAULT_STORE_TIMEOUT, Store, check_timeout, timeout_error
+from .base import DEFAULT_STORE_TIMEOUT, Store, timeout_error
 
 __all__ = ["TCPStore"]
 
@@ -508,9 +508,6 @@ class TCPStore(Store):
             raise DistStoreError(f"wait_for_workers: unexpected reply status {status}")
 
     # --- primitives -------------------------------------------------------------------
-    def set_timeout(self, timeout: timedelta) -> None:
-        self._timeout = check_timeout(timeout)
-
     def _set(self, key: str, value: bytes) -> None:
         # Like torch, set is not acknowledged: later requests of this store object
         # see it (one connection is served in order); other clients see it once the
