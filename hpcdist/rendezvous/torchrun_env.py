@@ -30,15 +30,19 @@ def _free_port() -> int:
 
 
 def _master(store: Store | None, single_node: bool) -> tuple[str, str]:
-    """Rank 0's view of MASTER_ADDR/MASTER_PORT: what is set, else the TCP store's, else fresh."""
+    """Rank 0's MASTER_ADDR/MASTER_PORT: what is set, else the TCP store's host and a free port.
+
+    Not the store's port: code written for torch binds a server of its own at
+    MASTER_PORT on rank 0 (``init_process_group("gloo", "env://")``), which
+    must not collide with hpcdist's store, nor talk to it without its secret.
+    """
     addr = os.environ.get("MASTER_ADDR", "").strip()
     port = os.environ.get("MASTER_PORT", "").strip()
     store_host = getattr(store, "host", None)
-    store_port = getattr(store, "port", None)
     if not addr:
         addr = str(store_host) if store_host else ("127.0.0.1" if single_node else host_address())
     if not port:
-        port = str(store_port) if store_port else str(_free_port())
+        port = str(_free_port())
     return addr, port
 
 
@@ -48,9 +52,10 @@ def export_torchrun_env(comm: MPI.Intracomm, rank: int, world_size: int, *, stor
     SPMD: collective over ``comm`` (a node-local split and one broadcast).
     ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` are set to the
     truth (rewritten only when they differ). ``MASTER_ADDR``/``MASTER_PORT``
-    are rank 0's: its values when it has them set, else the address of the
-    TCP ``store`` when given, else rank 0's host (127.0.0.1 on a single node)
-    and a port that was free on it; every rank gets the same pair.
+    are rank 0's: its values when it has them set, else the host of the TCP
+    ``store`` when given (else rank 0's host, 127.0.0.1 on a single node) and
+    a port that was free on rank 0 (never the store's own port); every rank
+    gets the same pair.
     """
     from mpi4py import MPI
 
