@@ -52,15 +52,20 @@ def env_int(name: str) -> int | None:
 
 
 def check_rank_world(rank: int, world_size: int, *, scheme: str) -> None:
-    """``world_size >= 1`` and ``0 <= rank < world_size``, else ValueError."""
+    """``world_size >= 1`` and ``0 <= rank < world_size``, else ValueError.
+
+    ``scheme`` names the rendezvous in the message: ``"env"`` gives
+    ``env:// rendezvous: ...``; a label ending in ``=`` (``"store="``) is used as is.
+    """
+    label = scheme if scheme.endswith("=") else f"{scheme}://"
     if world_size < 1:
         raise ValueError(
-            f"{scheme}:// rendezvous: world_size must be >= 1 (the number of processes), got {world_size}; "
+            f"{label} rendezvous: world_size must be >= 1 (the number of processes), got {world_size}; "
             f"set WORLD_SIZE or pass world_size="
         )
     if not 0 <= rank < world_size:
         raise ValueError(
-            f"{scheme}:// rendezvous: rank must be in [0, world_size) = [0, {world_size}), got {rank}; "
+            f"{label} rendezvous: rank must be in [0, world_size) = [0, {world_size}), got {rank}; "
             f"set RANK or pass rank="
         )
 

@@ -188,15 +188,43 @@ def test_lone_process_is_a_world_of_one():
 
 
 @pytest.mark.timeout(LIMIT + 10)
-def test_lone_process_mpi_scheme_with_world_size_2_explains():
+def test_lone_process_field_errors():
+    """Without a launcher, each bad field raises ValueError naming it, at once."""
     code = """
-    try:
-        join_world("mpi://", store=None, rank=-1, world_size=2, timeout=T)
-    except ValueError as exc:
-        say("VALUEERROR", exc)
+    import time
+    from hpcdist.store import HashStore
+    cases = [
+        ("mpi://", None, -1, 2),
+        (None, HashStore(), -1, 2),
+        (None, HashStore(), 0, -1),
+        (None, HashStore(), 2, 2),
+        ("tcp://127.0.0.1:0?rank=0&world_size=2", None, -1, -1),
+        ("env://", None, 0, 0),
+        ("bogus://x", None, 0, 2),
+    ]
+    for init, store, rank, ws in cases:
+        t = time.monotonic()
+        try:
+            join_world(init, store=store, rank=rank, world_size=ws, timeout=T)
+            say("JOINED?!", init)
+        except ValueError as exc:
+            say("VALUEERROR", round(time.monotonic() - t, 1), exc)
     """
-    proc = python(code)
-    assert "VALUEERROR" in proc.stdout and "mpiexec -n 2" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    proc = python(code, MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("VALUEERROR")]
+    assert len(errors) == 7, proc.stdout + proc.stderr[-2000:]
+    expected = [
+        "mpiexec -n 2",
+        "store= given without rank",
+        "store= given without world_size",
+        "store= rendezvous: rank must be in [0, world_size) = [0, 2), got 2",
+        "tcp:// rendezvous: port must be a TCP port",
+        "env:// rendezvous: world_size must be >= 1",
+        "No rendezvous handler for bogus://",
+    ]
+    for line, text in zip(errors, expected):
+        assert text in line, (line, text)
+        assert float(line.split()[1]) < 1.0  # at once, nothing waited for
 
 
 @pytest.mark.timeout(LIMIT + 10)
