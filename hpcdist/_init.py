@@ -81,7 +81,9 @@ def init_process_group(
     WORLD.default_pg = pg
     WORLD.groups[pg.group_name] = pg
     if group_store is None:
-        WORLD.default_pg._store = _lazy_group_store(comm, tmo)
+        group_store = pg._store = _lazy_group_store(comm, tmo)
+    WORLD.store = group_store
+    WORLD.store_owned = store is None
     _export_env(comm, comm.Get_rank(), n)
     if n > 1 and config.abort_on_exception():
         _install_abort_hook()
@@ -186,11 +188,17 @@ def destroy_process_group(group: Any = None) -> None:
     if group is None or group is WORLD.default_pg:
         if WORLD.default_pg is None:
             raise not_initialized()
+        owned = WORLD.store if WORLD.store_owned else None
         for pg in list(WORLD.groups.values()):
             destroy_group(pg)
-        st = WORLD.store
         WORLD.reset()
-        _ = st
+        if owned is not None:  # a store hpcdist made (not the user's): its server thread and sockets
+            close = getattr(owned, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # pragma: no cover - teardown must go on
+                    pass
         return
     pg = resolve_group(group, "destroy_process_group")
     if pg is not None:

@@ -21,7 +21,8 @@ class World:
         self.default_pg: Any = None  # hpcdist.group.ProcessGroup
         self.groups: dict[str, Any] = {}  # group_name -> ProcessGroup
         self.pg_count = 0  # groups created since init (names are "0", "1", ...)
-        self.store: Any = None
+        self.store: Any = None  # the default group's store
+        self.store_owned = False  # made by hpcdist (closed at destroy), not passed by the user
         self.launcher: str | None = None
         self.init_method: str | None = None
         self.device_id: Any = None

@@ -71,8 +71,8 @@ def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
     pg = resolve_group(group, "isend")
     if pg is None:
         return None
-    peer = _peer(pg, dst, group_dst, "dst", False)
     t = _check_tag(tag)
+    peer = _peer(pg, dst, group_dst, "dst", False)
     buf = adapt(tensor, "tensor", False)
     return pg.engine(buf.device).send(buf, peer, t)
 
@@ -83,8 +83,8 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     pg = resolve_group(group, "irecv")
     if pg is None:
         return None
-    peer = _peer(pg, src, group_src, "src", True)
     t = _check_tag(tag)
+    peer = _peer(pg, src, group_src, "src", True)
     buf = adapt(tensor, "tensor", True)
     return pg.engine(buf.device).recv(buf, peer, t)
 

@@ -116,7 +116,7 @@ class Work:
             self._reqs = ()
         fut = self._future
         if fut is not None:
-            fut._set(self._result, self._exc)
+            fut._set(_as_list(self._result), self._exc)
         if self._exc is not None:
             raise self._exc
 
@@ -190,23 +190,27 @@ class Work:
         return self._source
 
     def result(self) -> list[Any]:
+        """The output arrays of the operation (waits first)."""
         self.wait()
-        res = self._result
-        if res is None:
-            return []
-        return list(res) if isinstance(res, (list, tuple)) else [res]
+        return _as_list(self._result)
 
     def get_future(self) -> Future:
-        """A :class:`Future` completed with this work's result (its output arrays)."""
+        """A :class:`Future` completed with this work's result: the list of its output arrays (as torch)."""
         if self._future is None:
             self._future = Future(self)
             if self._done:
-                self._future._set(self._result, self._exc)
+                self._future._set(_as_list(self._result), self._exc)
         return self._future
 
     def __repr__(self) -> str:
         state = "completed" if self._done else "pending"
         return f"<hpcdist.Work {self._name} {state}>"
+
+
+def _as_list(res: Any) -> list[Any]:
+    if res is None:
+        return []
+    return list(res) if isinstance(res, (list, tuple)) else [res]
 
 
 def completed_work(name: Any, result: Any = None) -> Work:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,8 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 
-def _pytest_stage(name, cmd, xml, limit):
-    return (name, cmd, xml, limit)
+#: HPCDIST_WAIT per rank count: both wait modes run the whole MPI suite
+WAIT_MODE = {1: "block", 2: "poll", 3: "block", 4: "poll"}
 
 
 def stages(ranks: list[int], tmp: Path) -> list[tuple[str, list[str], Path | None, int]]:
@@ -39,7 +40,7 @@ def stages(ranks: list[int], tmp: Path) -> list[tuple[str, list[str], Path | Non
     for n in ranks:
         xml = tmp / f"mpi{n}.xml"
         cmd = [mpiexec, "-n", str(n), PY, str(ROOT / "tests" / "mpi_pytest.py"), "-q", "tests/mpi", f"--junitxml={xml}"]
-        out.append((f"mpi-{n}", cmd, xml, 600))
+        out.append((f"mpi-{n}-{WAIT_MODE.get(n, 'poll')}", cmd, xml, 600))
     out.append(("integration", [PY, "-m", "pytest", "-q", "tests/integration", f"--junitxml={tmp / 'integ.xml'}"], tmp / "integ.xml", 1200))
     out.append(("gpu", [PY, "-m", "pytest", "-q", "tests/gpu", f"--junitxml={tmp / 'gpu.xml'}"], tmp / "gpu.xml", 600))
     if (ROOT / "docs" / "conf.py").exists():
@@ -81,9 +82,15 @@ def main() -> int:
                 continue
             t0 = time.monotonic()
             print(f"\n===== stage {name}: {' '.join(cmd[:6])} ... (limit {limit}s)", flush=True)
+            stage_env = dict(env)
+            if name.startswith("mpi-"):
+                stage_env["HPCDIST_WAIT"] = name.rsplit("-", 1)[1]
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=stage_env, start_new_session=True)
             try:
-                rc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=limit).returncode
+                rc = proc.wait(timeout=limit)
             except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
+                proc.wait()
                 rc = 124
                 print(f"===== stage {name} ran past its {limit}s limit", flush=True)
             dt = time.monotonic() - t0
