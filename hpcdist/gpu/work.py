@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import DistTimeoutError
 from ..work import Work
-from .streams import _is_torch, require_cupy
+from .streams import require_cupy
 
 __all__ = ["CudaEventWork"]
 
@@ -94,7 +94,3 @@ class CudaEventWork(Work):
     def __repr__(self) -> str:
         state = "completed" if self._event.done else "enqueued"
         return f"<hpcdist.Work {self._name} (NCCL) {state}>"
-
-
-def torch_owned(obj: Any) -> bool:
-    return _is_torch(obj)
