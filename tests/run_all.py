@@ -96,7 +96,7 @@ def main() -> int:
             dt = time.monotonic() - t0
             if xml is not None:
                 p, f, s = count(xml)
-                if rc == 5 and p + f + s == 0:  # pytest: no tests collected
+                if rc == 5 and f == 0:  # pytest: nothing ran (e.g. every GPU test module skipped)
                     rc = 0
                 tot[0] += p
                 tot[1] += f
