@@ -18,7 +18,7 @@ from typing import Any
 
 from .errors import DistBackendError, DistError, DistTimeoutError
 
-__all__ = ["Future", "Work", "completed_work", "wait_requests"]
+__all__ = ["Future", "Work", "completed_work", "timeout_error", "wait_requests"]
 
 _monotonic = time.monotonic
 _sleep = time.sleep
@@ -64,6 +64,16 @@ def wait_requests(reqs: Sequence[Any], timeout_s: float, status: Any = None) -> 
             waited = now - start
             if waited > _SPIN_S:
                 _sleep(0.00005 if waited < 0.05 else 0.0005 if waited < 1.0 else 0.002)
+
+
+def timeout_error(name: Any, limit: float) -> DistTimeoutError:
+    """The error of an operation (``name``: a str or ``(opname, group)``) that outlived ``limit`` s."""
+    desc = name if isinstance(name, str) else f"{name[0]} on {name[1]!r}"
+    return DistTimeoutError(
+        f"{desc} did not complete within {limit:g}s: a peer may have died, be stuck, or have called a different "
+        "operation (every rank of the group must make the same calls in the same order); raise the timeout with "
+        "init_process_group(timeout=...) or HPCDIST_TIMEOUT if it is just slow"
+    )
 
 
 class Work:
@@ -133,14 +143,7 @@ class Work:
         if self._reqs and not wait_requests(self._reqs, limit, self._status):
             if self._on_timeout is not None:
                 self._on_timeout()
-            name = self._name
-            desc = name if isinstance(name, str) else f"{name[0]} on {name[1]!r}"
-            exc = DistTimeoutError(
-                f"{desc} did not complete within {limit:g}s: a peer may have died, be stuck, or have "
-                "called a different operation (every rank of the group must make the same calls in the same "
-                "order); raise the timeout with init_process_group(timeout=...) or HPCDIST_TIMEOUT if it is "
-                "just slow"
-            )
+            exc = timeout_error(self._name, limit)
             self._exc = exc
             if self._future is not None:
                 self._future._set(None, exc)

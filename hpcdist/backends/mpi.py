@@ -21,7 +21,7 @@ from .._watchdog import WATCHDOG
 from ..buffers.adapters import Buf
 from ..buffers.dtypes import HALF_DTYPES, mpi_datatype, narrow_into, widen
 from ..ops import ResolvedOp
-from ..work import Work
+from ..work import Work, timeout_error, wait_requests
 from . import register_builtin
 
 __all__ = ["MPIEngine"]
@@ -105,17 +105,22 @@ class MPIEngine:
     def _run(self, sync: bool, nb: Any, blk: Any, args: tuple, post: Any, keep: Any, name: str,
              result: Any = None) -> Work | None:
         """Start ``nb(*args)`` and wrap it in a Work; or, sync in block mode, run ``blk(*args)``."""
-        if sync and self.block:
-            pg = self.pg
+        pg = self.pg
+        if not sync:
+            return Work([nb(*args)], post, keep, pg._timeout_s, (name, pg), result)
+        if self.block:
             WATCHDOG.arm(pg._timeout_s, (name, pg))
             try:
                 blk(*args)
             finally:
                 WATCHDOG.disarm()
-            if post is not None:
-                post()
-            return None
-        return Work([nb(*args)], post, keep, self.pg._timeout_s, (name, self.pg), result)
+        else:  # poll inline: no Work object on the blocking path
+            req = nb(*args)
+            if not req.Test() and not wait_requests([req], pg._timeout_s):
+                raise timeout_error((name, pg), pg._timeout_s)
+        if post is not None:
+            post()
+        return None
 
     # -- collectives ---------------------------------------------------------
 
