@@ -53,6 +53,7 @@ from .collectives import (
 )
 from .debug import DebugLevel, breakpoint, get_debug_level, monitored_barrier, set_debug_level, set_debug_level_from_env
 from .errors import DistBackendError, DistError, DistNetworkError, DistStoreError, DistTimeoutError, QueueEmptyError
+from .gpu import cuda_aware_mpi, device_for_local_rank, set_device_for_local_rank
 from .group import (
     GroupMember,
     ProcessGroup,
@@ -110,6 +111,8 @@ __all__ = [
     "all_to_all_single",
     "barrier",
     "batch_isend_irecv",
+    "cuda_aware_mpi",
+    "device_for_local_rank",
     "breakpoint",
     "broadcast",
     "broadcast_object_list",
@@ -157,6 +160,7 @@ __all__ = [
     "send_object_list",
     "set_debug_level",
     "set_debug_level_from_env",
+    "set_device_for_local_rank",
     "spawn",
     "split_group",
     "supports_complex",

@@ -446,7 +446,8 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
         return None
     if timeout is not None and not isinstance(timeout, timedelta):
         raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
-    work = pg.engine("cpu").barrier(sync=not async_op and timeout is None)
+    bmap = pg._backend_map  # an NCCL-only group has no cpu engine: its engine's barrier runs over MPI
+    work = pg.engine("cpu" if "cpu" in bmap else next(iter(bmap))).barrier(sync=not async_op and timeout is None)
     if work is not None and not async_op:
         work.wait(timeout)
         return None

@@ -150,8 +150,18 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
         tag = _check_tag(p.tag)
         buf = adapt(p.tensor, f"p2p_op_list[{i}].tensor", not is_send)
         prepared.append((pg, is_send, peer, tag, buf))
-    works = []
-    for pg, is_send, peer, tag, buf in prepared:
+    # engines that must post a batch together (NCCL: one group call, else a ring deadlocks) get it whole
+    batches: dict[int, tuple[Any, list[int], list[tuple[bool, Any, int, int]]]] = {}
+    works: list[Any] = [None] * len(prepared)
+    for i, (pg, is_send, peer, tag, buf) in enumerate(prepared):
         eng = pg.engine(buf.device)
-        works.append(eng.send(buf, peer, tag) if is_send else eng.recv(buf, peer, tag))
-    return works
+        if hasattr(eng, "batch_p2p"):
+            entry = batches.setdefault(id(eng), (eng, [], []))
+            entry[1].append(i)
+            entry[2].append((is_send, buf, peer, tag))
+        else:
+            works[i] = eng.send(buf, peer, tag) if is_send else eng.recv(buf, peer, tag)
+    for eng, idx, ops in batches.values():
+        for i, w in zip(idx, eng.batch_p2p(ops)):
+            works[i] = w
+    return [w for w in works if w is not None]

@@ -165,7 +165,7 @@ class MPIEngine:
             def post() -> None:
                 _finish_reduce(buf, work, rop, size)
 
-            args = (_IN_PLACE, [work, _reduce_type(work)], op, root)
+            args: tuple = (_IN_PLACE, [work, _reduce_type(work)], op, root)
             return self._run(sync, c.Ireduce, c.Reduce, args, post, (buf, work), "reduce", buf.obj)
         args = ([work, _reduce_type(work)], None, op, root)
         return self._run(sync, c.Ireduce, c.Reduce, args, None, (buf, work), "reduce", buf.obj)
