@@ -67,6 +67,7 @@ from .group import (
     split_group,
 )
 from .launch.spawn import ProcessContext, ProcessExitedException, ProcessRaisedException, spawn
+from .mesh import DeviceMesh, init_device_mesh
 from .objects import (
     all_gather_object,
     broadcast_object_list,
@@ -82,6 +83,7 @@ from .work import Future, Work
 __all__ = [
     "Backend",
     "DebugLevel",
+    "DeviceMesh",
     "DistBackendError",
     "DistError",
     "DistNetworkError",
@@ -131,6 +133,7 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "group",
+    "init_device_mesh",
     "init_process_group",
     "irecv",
     "is_available",
