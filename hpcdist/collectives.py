@@ -263,6 +263,23 @@ def all_gather_coalesced(output_tensor_lists: list[list[Any]], input_tensor_list
     return _done(combine(works, "all_gather_coalesced", pg), async_op)
 
 
+def _root_list(pg: ProcessGroup, root: int, lst: Any, argname: str, ref: Buf, write: bool,
+               role: str) -> list[Buf] | None:
+    """The per-rank list of gather/scatter: required on the root, None or empty elsewhere."""
+    if pg._rank != root:
+        if lst:
+            raise ValueError(f"{argname} must be None or empty on ranks other than the {role}")
+        return None
+    if lst is None:
+        raise ValueError(f"{argname} is required on the {role} rank (one array per rank of the group)")
+    _list_len(lst, pg._size, argname)
+    bufs = adapt_list(lst, argname, write)
+    _same_kind(ref, bufs, argname)
+    if bufs[root].arr.size != ref.arr.size:
+        raise ValueError(f"{argname}[{root}] must have tensor's size {ref.arr.size}, got {bufs[root].arr.size}")
+    return bufs
+
+
 def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = None, group: Any = None,
            async_op: bool = False, group_dst: int | None = None) -> Work | None:
     """Gather every rank's ``tensor`` into ``gather_list`` on rank ``dst``.
@@ -275,17 +292,7 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
         return None
     root = group_rank(pg, 0 if dst is None and group_dst is None else dst, group_dst, "dst")
     inp = adapt(tensor, "tensor", False)
-    outs: list[Buf] | None = None
-    if pg._rank == root:
-        if gather_list is None:
-            raise ValueError("gather_list is required on the destination rank (one array per rank of the group)")
-        _list_len(gather_list, pg._size, "gather_list")
-        outs = adapt_list(gather_list, "gather_list", True)
-        _same_kind(inp, outs, "gather_list")
-        if outs[root].arr.size != inp.arr.size:
-            raise ValueError(f"gather_list[{root}] must have tensor's size {inp.arr.size}, got {outs[root].arr.size}")
-    elif gather_list:
-        raise ValueError("gather_list must be None or empty on ranks other than the destination")
+    outs = _root_list(pg, root, gather_list, "gather_list", inp, True, "destination")
     return _done(pg.engine(inp.device).gather(inp, outs, root, sync=not async_op), async_op)
 
 
@@ -301,17 +308,7 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
         return None
     root = group_rank(pg, 0 if src is None and group_src is None else src, group_src, "src")
     out = adapt(tensor, "tensor", True)
-    ins: list[Buf] | None = None
-    if pg._rank == root:
-        if scatter_list is None:
-            raise ValueError("scatter_list is required on the source rank (one array per rank of the group)")
-        _list_len(scatter_list, pg._size, "scatter_list")
-        ins = adapt_list(scatter_list, "scatter_list", False)
-        _same_kind(out, ins, "scatter_list")
-        if ins[root].arr.size != out.arr.size:
-            raise ValueError(f"scatter_list[{root}] must have tensor's size {out.arr.size}, got {ins[root].arr.size}")
-    elif scatter_list:
-        raise ValueError("scatter_list must be None or empty on ranks other than the source")
+    ins = _root_list(pg, root, scatter_list, "scatter_list", out, False, "source")
     return _done(pg.engine(out.device).scatter(out, ins, root, sync=not async_op), async_op)
 
 
