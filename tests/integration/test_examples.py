@@ -1,10 +1,18 @@
-"""Each example at 2 ranks under the embedded mpiexec, with a time limit, checking its output."""
+"""Each example under the embedded mpiexec, with a time limit, checking its output against known answers.
+
+Most run at 2 ranks; the ring all-reduce also at 3 (an odd ring). The
+tutorial programs print with several ``print`` arguments, so they run with
+block-buffered output (one write per rank at exit) to keep ranks' lines whole.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
+import math
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,17 +23,37 @@ from hpcdist.launch.launchers import find_mpiexec
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed")
 
 
-def run_example(name: str, *args: str, cwd: Path, timeout: int = 150) -> subprocess.CompletedProcess:
+def run_example(
+    name: str, *args: str, cwd: Path, n: int = 2, timeout: int = 150, unbuffered: bool = True
+) -> subprocess.CompletedProcess:
+    """Run ``examples/name`` on ``n`` ranks; kill the whole launch after ``timeout`` s; require exit 0."""
     mpiexec = find_mpiexec()
     if mpiexec is None:
         pytest.skip("no mpiexec found")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    cmd = [mpiexec, "-n", "2", sys.executable, str(EXAMPLES / name), *args]
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{name} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return proc
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PYTHONUNBUFFERED", None)
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    cmd = [mpiexec, "-n", str(n), sys.executable, str(EXAMPLES / name), *args]
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{name} on {n} ranks ran past {timeout}s\n{out}\n{err}")
+    assert proc.returncode == 0, f"{name} exited {proc.returncode}\n{out}\n{err}"
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def lines(out: str) -> list[str]:
+    return sorted(ln.rstrip() for ln in out.splitlines() if ln.strip())
 
 
 @pytest.mark.timeout(180)
@@ -70,3 +98,69 @@ def test_object_collectives(tmp_path):
 def test_gpu_allreduce_skips_or_runs(tmp_path):
     out = run_example("gpu_allreduce.py", cwd=tmp_path).stdout
     assert "gpu_allreduce.py: skipped" in out or out.count("all_reduce ok") == 2, out
+
+
+# ---------------------------------------------------------------- PyTorch tutorial programs
+
+
+@needs_torch
+@pytest.mark.timeout(120)
+def test_tutorial_p2p_blocking(tmp_path):
+    out = run_example("tutorial_p2p_blocking.py", cwd=tmp_path, unbuffered=False).stdout
+    assert lines(out) == ["Rank  0  has data  tensor(1.)", "Rank  1  has data  tensor(1.)"], out
+
+
+@needs_torch
+@pytest.mark.timeout(120)
+def test_tutorial_p2p_blocking_refuses_other_sizes(tmp_path):
+    out = run_example("tutorial_p2p_blocking.py", cwd=tmp_path, n=3, unbuffered=False).stdout
+    assert lines(out) == ["this tutorial program needs exactly 2 processes, got 3: mpiexec -n 2 python ..."], out
+
+
+@needs_torch
+@pytest.mark.timeout(120)
+def test_tutorial_p2p_nonblocking(tmp_path):
+    out = run_example("tutorial_p2p_nonblocking.py", cwd=tmp_path, unbuffered=False).stdout
+    assert lines(out) == [
+        "Rank  0  has data  tensor(1.)",
+        "Rank  1  has data  tensor(1.)",
+        "Rank 0 started sending",
+        "Rank 1 started receiving",
+    ], out
+
+
+@needs_torch
+@pytest.mark.timeout(120)
+def test_tutorial_group_allreduce(tmp_path):
+    out = run_example("tutorial_group_allreduce.py", cwd=tmp_path, unbuffered=False).stdout
+    assert lines(out) == ["Rank  0  has data  tensor(2.)", "Rank  1  has data  tensor(2.)"], out
+
+
+@needs_torch
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 3])
+def test_ring_allreduce(tmp_path, n):
+    out = run_example("ring_allreduce.py", cwd=tmp_path, n=n, unbuffered=False).stdout
+    # rank r sends arange(5) + 10 r: the sum is n * k + 10 * n (n - 1) / 2
+    total = [float(n * k + 10 * n * (n - 1) // 2) for k in range(5)]
+    expected = [f"Rank {r} of {n}: ring allreduce {total}, equal to dist.all_reduce: True" for r in range(n)]
+    assert lines(out) == expected, out
+
+
+@pytest.mark.timeout(180)
+def test_sgd_distributed(tmp_path):
+    out = run_example("sgd_distributed.py", cwd=tmp_path, unbuffered=False).stdout
+    if not HAS_TORCH:
+        assert "sgd_distributed.py: skipped, PyTorch is not installed" in out
+        return
+    losses: dict[int, list[float]] = {0: [], 1: []}
+    for rank, epoch, loss in re.findall(r"^Rank  (\d) , epoch  (\d+) :  (\S+)$", out, re.MULTILINE):
+        assert int(epoch) == len(losses[int(rank)]), out
+        losses[int(rank)].append(float(loss))
+    for rank, curve in losses.items():
+        assert len(curve) == 10, (rank, out)
+        assert abs(curve[0] - math.log(4)) < 0.3, (rank, out)  # 4 classes: starts near chance, ln 4
+        assert curve[-1] < 0.45 and all(b < a for a, b in itertools.pairwise(curve)), (rank, out)
+    assert "parameters identical on all 2 ranks: yes" in out
+    m = re.search(r"accuracy on the whole data set: (\d\.\d+)", out)
+    assert m and float(m.group(1)) > 0.85, out
