@@ -38,6 +38,16 @@ __all__ = [
 
 _HEAD = 8  # bytes of the int64 length header
 _FIRST = 8192  # bytes broadcast in the first round; small objects need one round only
+_CHUNK = 512  # bytes per rank gathered in the first round of the gathers
+
+
+def _chunk(payload: np.ndarray) -> np.ndarray:
+    """[int64 length][the payload's first bytes] padded to _CHUNK: the first round of a gather."""
+    out = np.zeros(_CHUNK, dtype=np.uint8)
+    out[:_HEAD] = np.array([payload.size], dtype=np.int64).view(np.uint8)
+    k = min(payload.size, _CHUNK - _HEAD)
+    out[_HEAD : _HEAD + k] = payload[:k]
+    return out
 
 
 # ------------------------------------------------------------------ (de)serialization
@@ -185,8 +195,13 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
         )
     comm = pg._comm
     mine = dumps(obj)
-    lengths = np.empty(pg._size, dtype=np.int64)
-    _wait(pg, [comm.Iallgather(np.array([mine.size], dtype=np.int64), lengths)], "all_gather_object")
+    table = np.empty((pg._size, _CHUNK), dtype=np.uint8)
+    _wait(pg, [comm.Iallgather(_chunk(mine), table)], "all_gather_object")
+    lengths = table[:, :_HEAD].copy().view(np.int64).reshape(-1)
+    if lengths.max() <= _CHUNK - _HEAD:  # every object fitted its chunk: one exchange
+        for r in range(pg._size):
+            object_list[r] = loads(table[r, _HEAD : _HEAD + int(lengths[r])])
+        return
     counts, displs = _counts_displs(lengths)
     flat = np.empty(int(lengths.sum()), dtype=np.uint8)
     _wait(pg, [comm.Iallgatherv(mine, [flat, (counts, displs)])], "all_gather_object")
