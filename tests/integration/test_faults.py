@@ -113,12 +113,13 @@ def test_monitored_barrier_names_missing_ranks(tmp_path, n, missing, wait_all, e
     script = PRELUDE + f"""
 dist.init_process_group("mpi", timeout=timedelta(seconds=30))
 if dist.get_rank() in {missing}:
-    time.sleep(3)
+    time.sleep(8)   # never arrive in time
     os._exit(0)
 try:
     dist.monitored_barrier(timeout=timedelta(seconds=1.5), wait_all_ranks={wait_all})
 except dist.DistTimeoutError as e:
     say(f"R{{dist.get_rank()}}: {{e}}")
+time.sleep(4)       # let every waiting rank reach its own timeout before anyone exits
 os._exit(0)
 """
     r = run_mpi(n, script, tmp_path, env={"HPCDIST_ABORT_ON_EXCEPTION": "0"}, limit=60)
