@@ -10,7 +10,6 @@ intracommunicator, duplicated for hpcdist's own use.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import traceback
@@ -21,6 +20,7 @@ from . import config
 from ._world import WORLD, not_initialized
 from .backends import parse_backend
 from .group import ProcessGroup, _check_timeout, destroy_group, resolve_group
+from .rendezvous import export_torchrun_env, group_store, join_world
 
 __all__ = [
     "destroy_process_group",
@@ -66,7 +66,7 @@ def init_process_group(
     if not isinstance(group_name, str):
         raise TypeError(f"group_name must be a str, got {type(group_name).__name__}")
 
-    joined = _join(init_method, store, rank, world_size, tmo)
+    joined = join_world(init_method, store=store, rank=rank, world_size=world_size, timeout=tmo)
     comm = _timed_dup(joined.comm, tmo)
     n = comm.Get_size()
     WORLD.reset()
@@ -82,10 +82,11 @@ def init_process_group(
     WORLD.default_pg = pg
     WORLD.groups[pg.group_name] = pg
     if group_store is None:
-        group_store = pg._store = _lazy_group_store(comm, tmo)
+        group_store = pg._store = _group_store(comm, tmo)
     WORLD.store = group_store
     WORLD.store_owned = store is None
-    _export_env(comm, comm.Get_rank(), n)
+    WORLD.joined_comm = joined.comm
+    export_torchrun_env(comm, comm.Get_rank(), n, store=group_store)
     if n > 1 and config.abort_on_exception():
         _install_abort_hook()
 
@@ -104,46 +105,13 @@ def _timed_dup(comm: Any, timeout: timedelta) -> Any:
     return new
 
 
-def _join(init_method: Any, store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
-    try:
-        from .rendezvous import join_world
-    except ImportError:  # pragma: no cover - rendezvous package not present
-        return _join_launched(rank, world_size)
-    return join_world(init_method, store=store, rank=rank, world_size=world_size, timeout=timeout)
+def _group_store(comm: Any, timeout: timedelta) -> Any:
+    """The default group's store: a HashStore alone, else the TCP store rank 0 serves (collective)."""
+    if comm.Get_size() == 1:
+        from .store import HashStore
 
-
-class _Joined:
-    def __init__(self, comm: Any, store: Any, rank: int, world_size: int, launcher: str | None) -> None:
-        self.comm, self.store, self.rank, self.world_size, self.launcher = comm, store, rank, world_size, launcher
-
-
-def _join_launched(rank: int, world_size: int) -> _Joined:
-    from mpi4py import MPI
-
-    c = MPI.COMM_WORLD
-    if rank not in (-1, 0) and rank != c.Get_rank():
-        raise ValueError(f"rank={rank} contradicts the MPI launch, which gave this process rank {c.Get_rank()}")
-    if world_size not in (-1, 0) and world_size != c.Get_size():
-        raise ValueError(f"world_size={world_size} contradicts the MPI launch of {c.Get_size()} processes")
-    return _Joined(c, None, c.Get_rank(), c.Get_size(), "mpiexec")
-
-
-def _lazy_group_store(comm: Any, timeout: timedelta) -> Any:
-    try:
-        from .rendezvous import group_store
-    except ImportError:  # pragma: no cover
-        return None
+        return HashStore()
     return group_store(comm, timeout)
-
-
-def _export_env(comm: Any, rank: int, n: int) -> None:
-    try:
-        from .rendezvous import export_torchrun_env
-    except ImportError:  # pragma: no cover
-        os.environ.setdefault("RANK", str(rank))
-        os.environ.setdefault("WORLD_SIZE", str(n))
-        return
-    export_torchrun_env(comm, rank, n)
 
 
 _HOOK_INSTALLED = False
@@ -191,9 +159,11 @@ def destroy_process_group(group: Any = None) -> None:
         if WORLD.default_pg is None:
             raise not_initialized()
         owned = WORLD.store if WORLD.store_owned else None
+        joined = WORLD.joined_comm
         for pg in list(WORLD.groups.values()):
             destroy_group(pg)
         WORLD.reset()
+        _free_joined(joined)
         if owned is not None:  # a store hpcdist made (not the user's): its server thread and sockets
             close = getattr(owned, "close", None)
             if close is not None:
@@ -205,6 +175,20 @@ def destroy_process_group(group: Any = None) -> None:
     pg = resolve_group(group, "destroy_process_group")
     if pg is not None:
         destroy_group(pg)
+
+
+def _free_joined(comm: Any) -> None:
+    """Free the communicator a port rendezvous built (never COMM_WORLD/COMM_SELF)."""
+    if comm is None:
+        return
+    from mpi4py import MPI
+
+    if comm in (MPI.COMM_WORLD, MPI.COMM_SELF) or comm == MPI.COMM_NULL or MPI.Is_finalized():
+        return
+    try:
+        comm.Free()
+    except Exception:  # pragma: no cover - teardown must go on
+        pass
 
 
 def is_initialized() -> bool:

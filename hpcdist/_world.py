@@ -23,6 +23,7 @@ class World:
         self.pg_count = 0  # groups created since init (names are "0", "1", ...)
         self.store: Any = None  # the default group's store
         self.store_owned = False  # made by hpcdist (closed at destroy), not passed by the user
+        self.joined_comm: Any = None  # what the rendezvous returned (freed at destroy unless COMM_WORLD)
         self.launcher: str | None = None
         self.init_method: str | None = None
         self.device_id: Any = None
