@@ -19,6 +19,7 @@ from typing import Any
 from . import config
 from ._world import WORLD, not_initialized
 from .backends import parse_backend
+from .debug import set_debug_level_from_env
 from .group import ProcessGroup, _check_timeout, destroy_group, resolve_group
 from .rendezvous import export_torchrun_env, group_store, join_world
 
@@ -87,6 +88,7 @@ def init_process_group(
     WORLD.store_owned = store is None
     WORLD.joined_comm = joined.comm
     export_torchrun_env(comm, comm.Get_rank(), n, store=group_store)
+    set_debug_level_from_env()  # HPCDIST_DEBUG / TORCH_DISTRIBUTED_DEBUG, read once per init
     if n > 1 and config.abort_on_exception():
         _install_abort_hook()
 

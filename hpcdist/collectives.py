@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .buffers.adapters import Buf, adapt, adapt_list
+from .debug import DETAIL, check_collective
 from .group import ProcessGroup, resolve_group
 from .ops import RedOpType, resolve_op
 from .work import Work
@@ -48,6 +49,13 @@ __all__ = [
 ]
 
 SUM = RedOpType.SUM
+
+
+def _engine(pg: ProcessGroup, buf: Buf, desc: str) -> Any:
+    """The group's engine for ``buf``'s device; in debug DETAIL mode, check every rank calls ``desc`` first."""
+    if DETAIL[0]:
+        check_collective(pg, f"{desc}({buf.dtype})")
+    return pg.engine(buf.device)
 
 
 def _done(work: Work | None, async_op: bool) -> Work | None:
@@ -113,7 +121,7 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
         return None
     root = group_rank(pg, src, group_src, "src")
     buf = adapt(tensor, "tensor", pg._rank != root)
-    return _done(pg.engine(buf.device).broadcast(buf, root, sync=not async_op), async_op)
+    return _done(_engine(pg, buf, "broadcast").broadcast(buf, root, sync=not async_op), async_op)
 
 
 def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = False) -> Work | None:
@@ -127,6 +135,8 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
         return None
     buf = adapt(tensor, "tensor", True)
     rop = resolve_op(op, buf.dtype)
+    if DETAIL[0]:
+        check_collective(pg, f"all_reduce({buf.dtype}, {rop.kind.name})")
     work = pg.engine(buf.device).all_reduce(buf, rop, not async_op)
     if async_op:
         return work
@@ -144,7 +154,7 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = SUM, group: Any = None
     root = group_rank(pg, dst, group_dst, "dst")
     buf = adapt(tensor, "tensor", pg._rank == root)
     rop = resolve_op(op, buf.dtype)
-    return _done(pg.engine(buf.device).reduce(buf, root, rop, sync=not async_op), async_op)
+    return _done(_engine(pg, buf, "reduce").reduce(buf, root, rop, sync=not async_op), async_op)
 
 
 def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, async_op: bool = False) -> Work | None:
@@ -158,7 +168,7 @@ def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, a
     _same_kind(bufs[0], bufs[1:], "tensors")
     rop = resolve_op(op, bufs[0].dtype, "op")
     if bufs[0].device != "cpu":
-        works = [pg.engine(b.device).all_reduce(b, rop, sync=False) for b in bufs]
+        works = [_engine(pg, b, "all_reduce").all_reduce(b, rop, sync=False) for b in bufs]
         return _done(combine(works, "all_reduce_coalesced", pg), async_op)
     flat = np.concatenate([b.arr.reshape(-1) for b in bufs])
 
@@ -212,7 +222,7 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
             f"tensor_list[{pg._rank}] (this rank's slot) has {outs[pg._rank].arr.size} elements but tensor has "
             f"{inp.arr.size}; they must match"
         )
-    return _done(pg.engine(inp.device).all_gather(outs, inp, sync=not async_op), async_op)
+    return _done(_engine(pg, inp, "all_gather").all_gather(outs, inp, sync=not async_op), async_op)
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
@@ -229,7 +239,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
             f"output_tensor must have group size x input size = {pg._size} x {inp.arr.size} = "
             f"{pg._size * inp.arr.size} elements, got {out.arr.size}"
         )
-    return _done(pg.engine(inp.device).all_gather_into(out, inp, sync=not async_op), async_op)
+    return _done(_engine(pg, inp, "all_gather_into").all_gather_into(out, inp, sync=not async_op), async_op)
 
 
 def all_gather_single(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
@@ -259,7 +269,7 @@ def all_gather_coalesced(output_tensor_lists: list[list[Any]], input_tensor_list
         if outs[pg._rank].arr.size != inp.arr.size:
             raise ValueError(f"output_tensor_lists[{i}][{pg._rank}] must have the size of input_tensor_list[{i}]")
         checked.append((outs, inp))
-    works = [pg.engine(inp.device).all_gather(outs, inp, sync=False) for outs, inp in checked]
+    works = [_engine(pg, inp, "all_gather").all_gather(outs, inp, sync=False) for outs, inp in checked]
     return _done(combine(works, "all_gather_coalesced", pg), async_op)
 
 
@@ -293,7 +303,7 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
     root = group_rank(pg, 0 if dst is None and group_dst is None else dst, group_dst, "dst")
     inp = adapt(tensor, "tensor", False)
     outs = _root_list(pg, root, gather_list, "gather_list", inp, True, "destination")
-    return _done(pg.engine(inp.device).gather(inp, outs, root, sync=not async_op), async_op)
+    return _done(_engine(pg, inp, "gather").gather(inp, outs, root, sync=not async_op), async_op)
 
 
 def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None = None, group: Any = None,
@@ -309,7 +319,7 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
     root = group_rank(pg, 0 if src is None and group_src is None else src, group_src, "src")
     out = adapt(tensor, "tensor", True)
     ins = _root_list(pg, root, scatter_list, "scatter_list", out, False, "source")
-    return _done(pg.engine(out.device).scatter(out, ins, root, sync=not async_op), async_op)
+    return _done(_engine(pg, out, "scatter").scatter(out, ins, root, sync=not async_op), async_op)
 
 
 # ------------------------------------------------------------------ reduce-scatter
@@ -335,7 +345,7 @@ def reduce_scatter(output: Any, input_list: list[Any], op: Any = SUM, group: Any
             f"{out.arr.size}; they must match"
         )
     rop = resolve_op(op, out.dtype)
-    return _done(pg.engine(out.device).reduce_scatter(out, ins, rop, sync=not async_op), async_op)
+    return _done(_engine(pg, out, "reduce_scatter").reduce_scatter(out, ins, rop, sync=not async_op), async_op)
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = SUM, group: Any = None,
@@ -353,7 +363,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = SUM, group: Any = N
             f"elements, got {inp.arr.size}"
         )
     rop = resolve_op(op, out.dtype)
-    return _done(pg.engine(out.device).reduce_scatter_tensor(out, inp, rop, sync=not async_op), async_op)
+    return _done(_engine(pg, out, "reduce_scatter_tensor").reduce_scatter_tensor(out, inp, rop, sync=not async_op), async_op)
 
 
 def reduce_scatter_single(output: Any, input: Any, op: Any = SUM, group: Any = None,
@@ -379,7 +389,7 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
     _same_kind(ins[0], outs, "output_tensor_list")
     if ins[pg._rank].arr.size != outs[pg._rank].arr.size:
         raise ValueError(f"input_tensor_list[{pg._rank}] and output_tensor_list[{pg._rank}] (this rank to itself) must have equal sizes")
-    return _done(pg.engine(ins[0].device).all_to_all(outs, ins, sync=not async_op), async_op)
+    return _done(_engine(pg, ins[0], "all_to_all").all_to_all(outs, ins, sync=not async_op), async_op)
 
 
 def _split_counts(splits: Any, n: int, rows: int, row_elems: int, argname: str, tensor_name: str) -> list[int]:
@@ -429,7 +439,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Any = None, i
             f"{rcounts[pg._rank] // max(out_row, 1)}; input_split_sizes[{pg._rank}] and "
             f"output_split_sizes[{pg._rank}] must match"
         )
-    return _done(pg.engine(inp.device).all_to_all_single(out, inp, rcounts, scounts, sync=not async_op), async_op)
+    return _done(_engine(pg, inp, "all_to_all_single").all_to_all_single(out, inp, rcounts, scounts, sync=not async_op), async_op)
 
 
 # ------------------------------------------------------------------ barrier

@@ -37,21 +37,48 @@ class DebugLevel(enum.IntEnum):
 
 
 _LEVEL: list[DebugLevel] = []
+#: DETAIL[0]: check every collective's fingerprint across the group (read on the hot path)
+DETAIL = [False]
 
 
 def get_debug_level() -> DebugLevel:
     """The debug level (``HPCDIST_DEBUG`` / ``TORCH_DISTRIBUTED_DEBUG`` unless set)."""
     if not _LEVEL:
-        _LEVEL.append(DebugLevel[config.debug_level()])
+        set_debug_level_from_env()
     return _LEVEL[0]
 
 
 def set_debug_level(level: DebugLevel) -> None:
+    """OFF, INFO or DETAIL; DETAIL checks that every rank calls the same collective (costs one exchange)."""
     _LEVEL[:] = [DebugLevel(level)]
+    DETAIL[0] = _LEVEL[0] is DebugLevel.DETAIL
 
 
 def set_debug_level_from_env() -> None:
-    _LEVEL[:] = [DebugLevel[config.debug_level()]]
+    set_debug_level(DebugLevel[config.debug_level()])
+
+
+def check_collective(pg: Any, desc: str) -> None:
+    """DETAIL mode: verify every rank of ``pg`` is entering the same collective (``desc``).
+
+    One all-gather of a 64-bit fingerprint (op, dtype, root/op) before the
+    collective; on a mismatch every rank raises a DistError that lists what
+    each rank called, instead of hanging or exchanging wrong data.
+    """
+    import zlib
+
+    from .errors import DistError
+    from .work import timeout_error
+
+    mine = np.array([zlib.crc32(desc.encode())], dtype=np.int64)
+    table = np.empty(pg._size, dtype=np.int64)
+    if not wait_requests([pg._comm.Iallgather(mine, table)], pg._timeout_s):
+        raise timeout_error((f"{desc} (debug DETAIL fingerprint check)", pg), pg._timeout_s)
+    if (table == mine[0]).all():
+        return
+    descs = pg._comm.allgather(desc)
+    calls = "; ".join(f"global rank {pg._ranks[r]}: {d}" for r, d in enumerate(descs))
+    raise DistError(f"collective mismatch on {pg!r} (ranks must call the same collectives in the same order): {calls}")
 
 
 _SEQ: dict[int, int] = {}

@@ -41,6 +41,10 @@ def stages(ranks: list[int], tmp: Path) -> list[tuple[str, list[str], Path | Non
         xml = tmp / f"mpi{n}.xml"
         cmd = [mpiexec, "-n", str(n), PY, str(ROOT / "tests" / "mpi_pytest.py"), "-q", "tests/mpi", f"--junitxml={xml}"]
         out.append((f"mpi-{n}-{WAIT_MODE.get(n, 'poll')}", cmd, xml, 600))
+    if 3 in ranks:  # once more with every collective's fingerprint checked (TORCH_DISTRIBUTED_DEBUG=DETAIL)
+        xml = tmp / "mpi3d.xml"
+        cmd = [mpiexec, "-n", "3", PY, str(ROOT / "tests" / "mpi_pytest.py"), "-q", "tests/mpi", f"--junitxml={xml}"]
+        out.append(("mpi-3-detail", cmd, xml, 600))
     out.append(("integration", [PY, "-m", "pytest", "-q", "tests/integration", f"--junitxml={tmp / 'integ.xml'}"], tmp / "integ.xml", 1200))
     out.append(("gpu", [PY, "-m", "pytest", "-q", "tests/gpu", f"--junitxml={tmp / 'gpu.xml'}"], tmp / "gpu.xml", 600))
     if (ROOT / "docs" / "conf.py").exists():
@@ -83,7 +87,9 @@ def main() -> int:
             t0 = time.monotonic()
             print(f"\n===== stage {name}: {' '.join(cmd[:6])} ... (limit {limit}s)", flush=True)
             stage_env = dict(env)
-            if name.startswith("mpi-"):
+            if name.endswith("-detail"):
+                stage_env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+            elif name.startswith("mpi-"):
                 stage_env["HPCDIST_WAIT"] = name.rsplit("-", 1)[1]
             proc = subprocess.Popen(cmd, cwd=ROOT, env=stage_env, start_new_session=True)
             try:

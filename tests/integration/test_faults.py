@@ -202,3 +202,26 @@ say("LARGE OK", r)
 """
     res = run_mpi(2, script, tmp_path, limit=380, env={"HPCDIST_WAIT": "poll"})
     assert res.returncode == 0 and res.stdout.count("LARGE OK") == 2, res.output
+
+
+def test_debug_detail_names_mismatched_collectives(tmp_path):
+    script = PRELUDE + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=20))
+x = np.ones(4, dtype=np.float32)
+try:
+    if dist.get_rank() == 1:
+        dist.broadcast(x, src=0)       # the others call all_reduce: a bug that would hang or corrupt
+    else:
+        dist.all_reduce(x)
+except dist.DistError as e:
+    say(f"R{dist.get_rank()}: {e}")
+dist.all_reduce(x)                      # the group is still usable
+say("USABLE", x[0])
+"""
+    r = run_mpi(3, script, tmp_path, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, limit=60)
+    assert r.returncode == 0 and not r.timed_out, r.output
+    for rank in range(3):
+        line = next(ln for ln in r.stdout.splitlines() if ln.startswith(f"R{rank}:"))
+        assert "collective mismatch" in line and "global rank 1: broadcast(float32)" in line, line
+        assert "global rank 0: all_reduce(float32, SUM)" in line
+    assert r.stdout.count("USABLE") == 3
