@@ -6,8 +6,8 @@ path) and arms this watchdog around it: a daemon thread that, when a call
 outlives its group's timeout, prints a :class:`~hpcdist.errors.DistTimeoutError`
 message naming the operation and the group and ends the job with
 ``MPI_Abort`` — like NCCL's watchdog in torch. It never hangs forever, but
-the error cannot be caught; ``HPCDIST_WAIT=poll`` (the default) raises it in
-the calling thread instead.
+the error cannot be caught; ``HPCDIST_WAIT=poll`` raises it in the calling
+thread instead (at some cost in speed). ``block`` is the default.
 """
 
 from __future__ import annotations
