@@ -64,6 +64,7 @@ from .group import (
     new_group,
     new_subgroups,
     new_subgroups_by_enumeration,
+    shrink_group,
     split_group,
 )
 from .launch.spawn import ProcessContext, ProcessExitedException, ProcessRaisedException, spawn
@@ -78,6 +79,8 @@ from .objects import (
 )
 from .ops import RedOpType, ReduceOp, _make_nccl_premul_sum, reduce_op, supports_complex
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from .rendezvous import register_rendezvous_handler, rendezvous
+from .store import FileStore, HashStore, PrefixStore, Store, TCPStore
 from .work import Future, Work
 
 __all__ = [
@@ -89,16 +92,21 @@ __all__ = [
     "DistNetworkError",
     "DistStoreError",
     "DistTimeoutError",
+    "FileStore",
     "Future",
     "GroupMember",
+    "HashStore",
     "P2POp",
+    "PrefixStore",
     "ProcessContext",
     "ProcessExitedException",
-    "ProcessRaisedException",
     "ProcessGroup",
+    "ProcessRaisedException",
     "QueueEmptyError",
     "RedOpType",
     "ReduceOp",
+    "Store",
+    "TCPStore",
     "Work",
     "__version__",
     "_make_nccl_premul_sum",
@@ -113,12 +121,12 @@ __all__ = [
     "all_to_all_single",
     "barrier",
     "batch_isend_irecv",
-    "cuda_aware_mpi",
-    "device_for_local_rank",
     "breakpoint",
     "broadcast",
     "broadcast_object_list",
+    "cuda_aware_mpi",
     "destroy_process_group",
+    "device_for_local_rank",
     "gather",
     "gather_object",
     "get_backend",
@@ -157,6 +165,8 @@ __all__ = [
     "reduce_scatter",
     "reduce_scatter_single",
     "reduce_scatter_tensor",
+    "register_rendezvous_handler",
+    "rendezvous",
     "scatter",
     "scatter_object_list",
     "send",
@@ -164,6 +174,7 @@ __all__ = [
     "set_debug_level",
     "set_debug_level_from_env",
     "set_device_for_local_rank",
+    "shrink_group",
     "spawn",
     "split_group",
     "supports_complex",

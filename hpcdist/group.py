@@ -37,6 +37,7 @@ __all__ = [
     "new_group",
     "new_subgroups",
     "new_subgroups_by_enumeration",
+    "shrink_group",
     "split_group",
 ]
 
@@ -421,6 +422,33 @@ def split_group(
     global_lists = [[parent._ranks[r] for r in lst] for lst in lists]
     mine, _ = _split_many(parent, global_lists, _check_timeout(timeout), backend, group_desc, "split_group")
     return mine
+
+
+def shrink_group(ranks_to_exclude: list[int], group: Any = None, shrink_flags: int = 0,
+                 pg_options: Any = None) -> ProcessGroup:
+    """A new group of ``group``'s members less ``ranks_to_exclude`` (group ranks of ``group``).
+
+    Collective over the *remaining* members only (``MPI_Comm_create_group``),
+    so excluded ranks need not call it and may be gone, as long as the MPI
+    communicator itself still works. An excluded rank that calls it gets
+    ValueError. ``shrink_flags`` and ``pg_options`` are accepted for torch
+    compatibility and ignored.
+    """
+    parent = resolve_group(group, "shrink_group") if group is not None else default_pg()
+    if parent is None:
+        raise ValueError("shrink_group: this rank is not a member of group")
+    excluded = set(_validate_ranks(ranks_to_exclude, parent.size(), "ranks_to_exclude"))
+    if not excluded:
+        raise ValueError("ranks_to_exclude must name at least one rank of the group")
+    if parent.rank() in excluded:
+        raise ValueError(f"shrink_group: this rank (group rank {parent.rank()}) is in ranks_to_exclude")
+    keep = [r for r in range(parent.size()) if r not in excluded]
+    mpi_group = parent._comm.Get_group().Incl(keep)
+    try:
+        comm = parent._comm.Create_group(mpi_group, tag=_tag_for(keep))
+    finally:
+        mpi_group.Free()
+    return _make_pg(comm, [parent._ranks[r] for r in keep], parent._timeout, None, "shrunk")
 
 
 def get_group_rank(group: Any, global_rank: int) -> int:

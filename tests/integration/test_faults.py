@@ -225,3 +225,21 @@ say("USABLE", x[0])
         assert "collective mismatch" in line and "global rank 1: broadcast(float32)" in line, line
         assert "global rank 0: all_reduce(float32, SUM)" in line
     assert r.stdout.count("USABLE") == 3
+
+
+def test_shrink_group_excludes_a_rank_that_is_gone(tmp_path):
+    script = PRELUDE + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=30))
+if dist.get_rank() == 1:
+    time.sleep(6)          # a rank that stopped taking part: it never calls shrink_group
+    os._exit(0)
+g = dist.shrink_group([1])
+x = np.array([float(dist.get_rank())]); dist.all_reduce(x, group=g)
+say("SHRUNK", dist.get_rank(), dist.get_process_group_ranks(g), x[0])
+time.sleep(7)
+os._exit(0)
+"""
+    r = run_mpi(3, script, tmp_path, limit=60)
+    assert not r.timed_out, r.output
+    lines = sorted(ln for ln in r.stdout.splitlines() if ln.startswith("SHRUNK"))
+    assert lines == ["SHRUNK 0 [0, 2] 2.0", "SHRUNK 2 [0, 2] 2.0"], r.output
