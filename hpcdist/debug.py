@@ -10,7 +10,6 @@ waiting for rank 0's release.
 from __future__ import annotations
 
 import enum
-import os
 import sys
 import time
 from datetime import timedelta
@@ -181,4 +180,3 @@ def breakpoint(rank: int = 0, skip: int = 0, timeout_s: float = 3600) -> None:
         print(f"hpcdist.breakpoint(): rank {rank} is in pdb; type 'c' to continue", file=sys.stderr, flush=True)
         pdb.Pdb().set_trace(sys._getframe(1))
     collectives.barrier(timeout=timedelta(seconds=timeout_s))
-    _ = os
