@@ -142,7 +142,7 @@ def _install_abort_hook() -> None:
                 "(set HPCDIST_ABORT_ON_EXCEPTION=0 to turn this off)\n"
             )
             sys.stderr.flush()
-            time.sleep(0.3)  # let the launcher forward this output before MPI_Abort tears the job down
+            time.sleep(0.5)  # let the launcher forward this output before MPI_Abort tears the job down
         finally:
             from mpi4py import MPI
 

@@ -64,7 +64,7 @@ class Watchdog:
             "cannot be interrupted (HPCDIST_WAIT=block); use HPCDIST_WAIT=poll to get a catchable exception.\n"
         )
         sys.stderr.flush()
-        time.sleep(0.3)  # let the launcher forward the message before MPI_Abort tears the job down
+        time.sleep(0.5)  # let the launcher forward the message before MPI_Abort tears the job down
         from mpi4py import MPI
 
         MPI.COMM_WORLD.Abort(124)
