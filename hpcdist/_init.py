@@ -20,7 +20,7 @@ from . import config
 from ._world import WORLD, not_initialized
 from .backends import parse_backend
 from .debug import set_debug_level_from_env
-from .group import ProcessGroup, _check_timeout, destroy_group, resolve_group
+from .group import GroupMember, ProcessGroup, _check_timeout, destroy_group, resolve_group
 from .rendezvous import export_torchrun_env, group_store, join_world
 
 __all__ = [
@@ -200,6 +200,10 @@ def is_initialized() -> bool:
 
 def get_rank(group: Any = None) -> int:
     """This process's rank in ``group`` (default: the world); -1 for a non-member."""
+    if group is GroupMember.NON_GROUP_MEMBER:  # torch: -1, no warning
+        if WORLD.default_pg is None:
+            raise not_initialized()
+        return -1
     pg = resolve_group(group, "get_rank") if group is not None else WORLD.default_pg
     if pg is None:
         if WORLD.default_pg is None:
@@ -210,6 +214,10 @@ def get_rank(group: Any = None) -> int:
 
 def get_world_size(group: Any = None) -> int:
     """The number of ranks in ``group`` (default: the world); -1 for a non-member."""
+    if group is GroupMember.NON_GROUP_MEMBER:  # torch: -1, no warning
+        if WORLD.default_pg is None:
+            raise not_initialized()
+        return -1
     pg = resolve_group(group, "get_world_size") if group is not None else WORLD.default_pg
     if pg is None:
         if WORLD.default_pg is None:
