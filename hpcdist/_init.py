@@ -136,6 +136,7 @@ def _install_abort_hook() -> None:
         text = "".join(traceback.format_exception(exc_type, exc, tb))
         prefixed = "".join(f"[rank {r}] {line}\n" for line in text.rstrip("\n").split("\n"))
         try:
+            sys.stdout.flush()  # what the program printed is not lost to MPI_Abort
             sys.stderr.write(prefixed)
             sys.stderr.write(
                 f"[rank {r}] hpcdist: unhandled exception; aborting the MPI job so the other ranks do not hang "
