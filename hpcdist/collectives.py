@@ -25,7 +25,7 @@ import numpy as np
 
 from .buffers.adapters import Buf, adapt, adapt_list
 from .debug import DETAIL, check_collective
-from .group import ProcessGroup, resolve_group
+from .group import ProcessGroup, group_rank, resolve_group
 from .ops import RedOpType, resolve_op
 from .work import Work
 
@@ -64,25 +64,6 @@ def _done(work: Work | None, async_op: bool) -> Work | None:
     if work is not None:
         work.wait()
     return None
-
-
-def group_rank(pg: ProcessGroup, glob: Any, grp: Any, name: str) -> int:
-    """The group rank meant by ``name``/``group_name`` (global/group rank); ValueError if bad."""
-    if grp is not None:
-        if glob is not None:
-            raise ValueError(f"pass either {name}= (a global rank) or group_{name}= (a group rank), not both")
-        if isinstance(grp, bool) or not isinstance(grp, (int, np.integer)) or not 0 <= grp < pg._size:
-            raise ValueError(f"group_{name} must be a rank of the group, 0..{pg._size - 1}, got {grp!r}")
-        return int(grp)
-    if glob is None:
-        raise ValueError(f"{name} (a global rank) or group_{name} (a rank in the group) is required")
-    r = pg._g2l.get(int(glob)) if isinstance(glob, (int, np.integer)) and not isinstance(glob, bool) else None
-    if r is None:
-        raise ValueError(
-            f"{name}={glob!r} is not a rank of group {pg.group_name!r}; expected one of its global ranks "
-            f"{pg._ranks if pg._size <= 16 else f'({pg._size} ranks)'}"
-        )
-    return r
 
 
 def _same_kind(ref: Buf, others: list[Buf], argname: str) -> None:

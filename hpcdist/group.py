@@ -21,6 +21,8 @@ import warnings
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
+
 from . import config
 from ._world import WORLD, not_initialized
 from .backends import backend_factory, parse_backend
@@ -211,6 +213,25 @@ def resolve_group(group: Any, opname: str = "") -> ProcessGroup | None:
     if mesh_group is not None and getattr(group, "ndim", 2) == 1:
         return resolve_group(mesh_group(), opname)
     raise TypeError(f"group must be a ProcessGroup (from new_group) or None for the default group, got {type(group).__name__}")
+
+
+def group_rank(pg: ProcessGroup, glob: Any, grp: Any, name: str) -> int:
+    """The group rank meant by ``name``/``group_name`` (global/group rank); ValueError if bad."""
+    if grp is not None:
+        if glob is not None:
+            raise ValueError(f"pass either {name}= (a global rank) or group_{name}= (a group rank), not both")
+        if isinstance(grp, bool) or not isinstance(grp, (int, np.integer)) or not 0 <= grp < pg._size:
+            raise ValueError(f"group_{name} must be a rank of the group, 0..{pg._size - 1}, got {grp!r}")
+        return int(grp)
+    if glob is None:
+        raise ValueError(f"{name} (a global rank) or group_{name} (a rank in the group) is required")
+    r = pg._g2l.get(int(glob)) if isinstance(glob, (int, np.integer)) and not isinstance(glob, bool) else None
+    if r is None:
+        raise ValueError(
+            f"{name}={glob!r} is not a rank of group {pg.group_name!r}; expected one of its global ranks "
+            f"{pg._ranks if pg._size <= 16 else f'({pg._size} ranks)'}"
+        )
+    return r
 
 
 def _world_pg() -> ProcessGroup:

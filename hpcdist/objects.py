@@ -24,7 +24,7 @@ import numpy as np
 
 from . import config
 from .errors import DistTimeoutError
-from .group import ProcessGroup, resolve_group
+from .group import ProcessGroup, group_rank, resolve_group
 from .work import wait_requests
 
 __all__ = [
@@ -131,8 +131,6 @@ def _counts_displs(lengths: np.ndarray) -> tuple[list[int], list[int]]:
 
 
 def _root(pg: ProcessGroup, glob: Any, grp: Any, name: str, default_zero: bool = False) -> int:
-    from .collectives import group_rank
-
     if default_zero and glob is None and grp is None:
         glob = 0
     return group_rank(pg, glob, grp, name)

@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 
 from .buffers.adapters import adapt
-from .group import ProcessGroup, resolve_group
+from .group import ProcessGroup, group_rank, resolve_group
 from .work import Work
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
 
 _TAG_UB: list[int] = []
+_TAG_MAX: list[int] = []  # the largest user tag, once known
 #: tags above the user's range, for hpcdist's own point-to-point traffic
 _INTERNAL = {"objects": 1, "monitored_barrier": 2, "monitored_release": 3}
 _RESERVED = 16
@@ -41,17 +42,19 @@ def internal_tag(name: str) -> int:
 
 
 def _check_tag(tag: Any) -> int:
+    if type(tag) is int and _TAG_MAX and 0 <= tag <= _TAG_MAX[0]:  # the hot path
+        return tag
     if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
         raise TypeError(f"tag must be an int, got {type(tag).__name__}")
     top = _tag_ub() - _RESERVED
+    if not _TAG_MAX:
+        _TAG_MAX.append(top)
     if not 0 <= tag <= top:
         raise ValueError(f"tag must be in 0..{top} (MPI_TAG_UB less hpcdist's reserved tags), got {tag}")
     return int(tag)
 
 
 def _peer(pg: ProcessGroup, glob: Any, grp: Any, name: str, allow_any: bool) -> int:
-    from .collectives import group_rank
-
     if allow_any and glob is None and grp is None:
         from mpi4py import MPI
 
@@ -91,16 +94,37 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
 
 def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> None:
     """Send ``tensor`` to rank ``dst``; returns when the buffer may be reused."""
-    work = isend(tensor, dst, group, tag, group_dst)
-    if work is not None:
-        work.wait()
+    pg = resolve_group(group, "send")
+    if pg is None:
+        return
+    t = _check_tag(tag)
+    peer = _peer(pg, dst, group_dst, "dst", False)
+    buf = adapt(tensor, "tensor", False)
+    eng = pg.engine(buf.device)
+    now = getattr(eng, "send_now", None)
+    if now is not None:
+        now(buf, peer, t)
+    else:
+        eng.send(buf, peer, t).wait()
 
 
 def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> int:
-    """Receive into ``tensor`` from ``src`` (None: any rank); return the sender's global rank (-1 for a non-member)."""
-    work = irecv(tensor, src, group, tag, group_src)
-    if work is None:
+    """Receive into ``tensor`` from ``src`` (None: any rank); return the sender's global rank (-1 for a non-member).
+
+    A sender that never comes raises DistTimeoutError after the group's
+    timeout; the receive is cancelled and the group stays usable.
+    """
+    pg = resolve_group(group, "recv")
+    if pg is None:
         return -1
+    t = _check_tag(tag)
+    peer = _peer(pg, src, group_src, "src", True)
+    buf = adapt(tensor, "tensor", True)
+    eng = pg.engine(buf.device)
+    now = getattr(eng, "recv_now", None)
+    if now is not None:
+        return int(now(buf, peer, t))
+    work = eng.recv(buf, peer, t)
     work.wait()
     return work.source_rank()
 

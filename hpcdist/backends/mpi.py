@@ -280,6 +280,31 @@ class MPIEngine:
         req = self.comm.Isend(_msg(buf.arr), dst, tag)
         return Work([req], None, buf, self.pg._timeout_s, ("send", self.pg))
 
+    def send_now(self, buf: Buf, dst: int, tag: int) -> None:
+        """Blocking send: the non-blocking call polled inline (no Work object)."""
+        req = self.comm.Isend([buf.arr, mpi_datatype(buf.arr.dtype)], dst, tag)
+        if not req.Test():
+            pg = self.pg
+            if not wait_requests([req], pg._timeout_s):
+                raise timeout_error(("send", pg), pg._timeout_s)
+
+    def recv_now(self, buf: Buf, src: int, tag: int) -> int:
+        """Blocking receive polled inline; returns the sender's global rank. On timeout it is cancelled."""
+        status = MPI.Status()
+        req = self.comm.Irecv([buf.arr, mpi_datatype(buf.arr.dtype)], src, tag)
+        if not req.Test(status):
+            pg = self.pg
+            if not wait_requests([req], pg._timeout_s, status):
+                try:
+                    req.Cancel()
+                    req.Wait()
+                except Exception:
+                    pass
+                raise timeout_error(("recv", pg), pg._timeout_s)
+        if buf.writeback is not None:
+            buf.writeback()
+        return self.pg._ranks[status.Get_source()]
+
     def recv(self, buf: Buf, src: int, tag: int) -> Work:
         """Receive into ``buf`` from group rank ``src`` (``MPI.ANY_SOURCE`` allowed)."""
         status = MPI.Status()
