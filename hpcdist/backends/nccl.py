@@ -71,6 +71,40 @@ def available() -> bool:
         return False
 
 
+#: NCCL_UNIQUE_ID_BYTES in nccl.h
+UNIQUE_ID_BYTES = 128
+
+
+def unique_id_bytes(uid: Any) -> np.ndarray:
+    """``nccl.get_unique_id()``'s tuple as its 128 raw bytes (uint8).
+
+    CuPy builds the tuple from C ``char`` values: -128..127 where ``char`` is
+    signed (x86-64), 0..255 where it is unsigned (aarch64, ppc64le). The bytes
+    are the same either way; only they travel over MPI.
+    """
+    values = tuple(uid)
+    if len(values) != UNIQUE_ID_BYTES:
+        raise DistBackendError(f"NCCL unique id must have {UNIQUE_ID_BYTES} bytes, got {len(values)}")
+    return np.array([int(x) & 0xFF for x in values], dtype=np.uint8)
+
+
+def make_communicator(ctor: Any, size: int, raw: np.ndarray, rank: int) -> Any:
+    """``ctor(size, id_tuple, rank)`` (``NcclCommunicator``) with the id in this platform's ``char`` range.
+
+    CuPy copies the tuple into a C ``char`` array, raising OverflowError for a
+    value outside ``char``'s range before NCCL is called: the signed form is
+    tried first, the unsigned one when it overflows (``char`` is unsigned).
+    """
+    u = np.asarray(raw, dtype=np.uint8).reshape(-1)
+    signed = tuple(int(x) for x in u.view(np.int8))
+    try:
+        return ctor(size, signed, rank)
+    except OverflowError:
+        if not any(x < 0 for x in signed):
+            raise
+    return ctor(size, tuple(int(x) for x in u), rank)
+
+
 def _ptr(arr: Any, offset_bytes: int = 0) -> int:
     return int(arr.data.ptr) + offset_bytes
 
@@ -128,9 +162,9 @@ class NCCLEngine:
                 )
             return self._comm
         pg = self.pg
-        uid = np.zeros(128, dtype=np.int8)  # NCCL_UNIQUE_ID_BYTES
+        uid = np.zeros(UNIQUE_ID_BYTES, dtype=np.uint8)
         if pg._rank == 0:
-            uid[:] = self.nccl.get_unique_id()
+            uid[:] = unique_id_bytes(self.nccl.get_unique_id())
         if not wait_requests([pg._comm.Ibcast(uid, 0)], pg._timeout_s):
             raise DistTimeoutError(
                 f"NCCL init of group {pg.group_name!r}: not every rank made its first NCCL call within "
@@ -138,7 +172,7 @@ class NCCLEngine:
             )
         cupy = require_cupy()
         with cupy.cuda.Device(device), self._calling("communicator init"):
-            self._comm = self.nccl.NcclCommunicator(pg._size, tuple(int(x) for x in uid), pg._rank)
+            self._comm = make_communicator(self.nccl.NcclCommunicator, pg._size, uid, pg._rank)
         self._device = device
         return self._comm
 
@@ -259,7 +293,8 @@ class NCCLEngine:
             self.nccl.groupStart()
             try:
                 if outs is None:
-                    comm.send(_ptr(inp.arr), inp.arr.nbytes, NCCL_BYTE, root, s.ptr)
+                    if inp.arr.nbytes:  # the root skips empty receives: skip the empty send too
+                        comm.send(_ptr(inp.arr), inp.arr.nbytes, NCCL_BYTE, root, s.ptr)
                 else:
                     for r, o in enumerate(outs):
                         if r == me:

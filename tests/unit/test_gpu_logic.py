@@ -276,6 +276,29 @@ def test_nccl_avg_before_2_10_is_sum_then_divide():
     assert p.op == NCCL_OPS["sum"] and p.divide_after
 
 
+def test_nccl_unique_id_travels_as_bytes_and_fits_either_char_signedness():
+    from hpcdist.backends.nccl import make_communicator, unique_id_bytes
+    from hpcdist.errors import DistBackendError
+
+    signed_uid = tuple((i * 37) % 256 - 128 for i in range(128))  # get_unique_id() where char is signed (x86-64)
+    unsigned_uid = tuple(x & 0xFF for x in signed_uid)  # where char is unsigned (aarch64, ppc64le)
+    raw = unique_id_bytes(signed_uid)
+    assert raw.dtype == np.uint8 and raw.tolist() == unique_id_bytes(unsigned_uid).tolist() == list(unsigned_uid)
+
+    def char_ctor(lo, hi):  # what CuPy's NcclCommunicator does with the tuple before calling NCCL
+        def ctor(n, uid, rank):
+            if any(not lo <= x <= hi for x in uid):
+                raise OverflowError("value too large to convert to char")
+            return n, uid, rank
+
+        return ctor
+
+    assert make_communicator(char_ctor(-128, 127), 3, raw, 2) == (3, signed_uid, 2)
+    assert make_communicator(char_ctor(0, 255), 3, raw, 2) == (3, unsigned_uid, 2)
+    with pytest.raises(DistBackendError, match="128 bytes"):
+        unique_id_bytes((1, 2, 3))
+
+
 # ------------------------------------------------------------------ adapters: dispatch and errors
 
 
