@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import DistTimeoutError
-from ..work import Work
+from ..work import Work, _as_list
 from .streams import require_cupy
 
 __all__ = ["CudaEventWork"]
@@ -51,7 +51,7 @@ class CudaEventWork(Work):
             self._done = True
             fut = self._future
             if fut is not None:
-                fut._set(self._result, None)
+                fut._set(_as_list(self._result), None)  # a list of the outputs, as for every Work
         return True
 
     def block_current_stream(self) -> None:

@@ -414,3 +414,51 @@ def test_staging_without_override_warns_once_with_the_fix(world, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         mpi_cuda.cuda_engine(pg)  # once per process
+
+
+# ------------------------------------------------------------------ NCCL Work: event semantics with plain objects
+
+
+class _Event:
+    def __init__(self, done=False):
+        self.done = done
+
+
+class _Stream:
+    def __init__(self):
+        self.waited = []
+
+    def wait_event(self, event):
+        self.waited.append(event)
+
+
+def _event_work(event, result):
+    from hpcdist.gpu.work import CudaEventWork
+
+    stream = _Stream()
+
+    class Work(CudaEventWork):
+        __slots__ = ()
+
+        def _current_stream(self):
+            return stream
+
+    return Work(event, ("kept",), 5.0, "all_reduce", result, 0, False), stream
+
+
+def test_event_work_future_holds_the_list_of_outputs():
+    out = np.zeros(3)
+    work, stream = _event_work(_Event(), out)
+    fut = work.get_future()
+    assert work.wait() is True and stream.waited == [work._event]  # ordered the stream, did not block
+    assert fut.done() and isinstance(fut.value(), list) and fut.value()[0] is out
+    assert work.result()[0] is out
+
+
+def test_event_work_completes_with_its_event_and_drops_buffers():
+    ev = _Event()
+    work, _ = _event_work(ev, None)
+    assert not work.is_completed() and work._keep == ("kept",)
+    ev.done = True
+    assert work.is_completed() and work._keep is None and work.is_success()
+    assert work.get_future().value() == []
