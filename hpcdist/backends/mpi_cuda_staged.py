@@ -100,8 +100,9 @@ class StagedEngine:
             finally:
                 st.release()
             for b in writes:
-                if b.writeback is not None:
+                if b.writeback is not None:  # a non-contiguous user array: copy into it, on its library's stream
                     b.writeback()
+                    stream_for(b).synchronize()  # complete means in place, for readers on any stream too
 
         outer = Work(reqs, post, (inner, st), self.pg._timeout_s, (name, self.pg), inner._result, inner._on_timeout)
         outer._status = inner._status
