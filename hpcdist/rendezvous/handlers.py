@@ -72,6 +72,13 @@ def make_tcp_store(
         )
     except (DistTimeoutError, DistNetworkError, TimeoutError, ConnectionError) as exc:
         if rank == 0:
+            if isinstance(exc, DistNetworkError) and "already in use" in str(exc):
+                raise DistNetworkError(
+                    f"{scheme}:// rendezvous: rank 0 cannot serve the store at {host}:{port}: the port is already in "
+                    f"use. Either another process of this job was also given rank 0 (rank 0 is claimed twice: "
+                    f"give every process a distinct RANK 0..{world_size - 1}), or another program holds the port "
+                    f"(choose another MASTER_PORT)"
+                ) from exc
             raise
         raise DistTimeoutError(
             f"{scheme}:// rendezvous: rank {rank} could not reach the store of rank 0 at {host}:{port} "

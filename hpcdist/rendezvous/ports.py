@@ -24,6 +24,17 @@ Store keys live under ``hpcdist/join/<generation>/``; the generation is a
 per-rank counter, so joining again over the same store (a second
 ``init_process_group``) uses fresh keys.
 
+**Rank claims.** Before anything else a process claims its rank with
+``compare_set`` on ``hpcdist/join/holder/<rank>`` (value: host name and
+pid). A second process asking for a rank another process holds gets a
+ValueError naming both at once, instead of waiting alone for peers that
+never come. The claim is kept after a successful join (so a late duplicate
+is caught too; the same process may join again) and released when the join
+fails (so a retry, by any process, may take the rank). Not in torch, whose
+rendezvous does not detect duplicate ranks. A process that died holding a
+rank keeps it claimed in that store: start the job again with a fresh store
+(new ``MASTER_PORT`` or file).
+
 Known: MPICH 5.0.x fails connect/accept between singletons ("Local and
 remote groups in MPI_Intercomm_create must not overlap"); it is refused up
 front with :class:`~hpcdist.errors.DistBackendError`.
@@ -31,7 +42,10 @@ front with :class:`~hpcdist.errors.DistBackendError`.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import socket
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -46,6 +60,8 @@ if TYPE_CHECKING:
 __all__ = ["broken_mpi_reason", "check_mpi_supports_ports", "join_over_ports"]
 
 _KEY_ROOT = "hpcdist/join"
+#: how long giving up a rank claim may take when the store went away
+_RELEASE_TIMEOUT = timedelta(seconds=0.5)
 _FIX = (
     "install an MPI whose MPI_Comm_connect/accept works between singleton processes "
     "(pip install 'mpich>=4.3,<4.4' for the embedded MPI), or start the processes with an MPI launcher "
@@ -73,6 +89,42 @@ def check_mpi_supports_ports() -> None:
     reason = broken_mpi_reason(MPI.Get_library_version())
     if reason is not None:
         raise DistBackendError(reason)
+
+
+def _whoami() -> str:
+    """This process, as the holder of a rank claim (pid is read now: forked children differ)."""
+    return f"process {os.getpid()} on {socket.gethostname()}"
+
+
+def _claim_rank(store: Store, rank: int, world_size: int, me: str) -> str:
+    """Claim ``rank`` in ``store`` for this process; ValueError when another process holds it."""
+    key = f"{_KEY_ROOT}/holder/{rank}"
+    holder = store.compare_set(key, b"", me.encode()).decode("utf-8", "replace")
+    if holder != me:
+        raise ValueError(
+            f"rendezvous: rank {rank} is claimed twice: {holder} already joined (or is joining) as rank {rank} "
+            f"of world_size={world_size} over this store, and this {me} asked for rank {rank} too; give every "
+            f"process a distinct RANK 0..{world_size - 1} (if {holder} has exited, start the job again with a "
+            f"fresh store: another MASTER_PORT or file)"
+        )
+    return key
+
+
+def _release_rank(store: Store, key: str, me: str) -> None:
+    """Give up the claim ``key`` (after a failed join); best effort, within about a second.
+
+    The store may be gone (rank 0 gave up): a TCP store would then try to
+    reconnect for its whole timeout, so the timeout is shortened meanwhile.
+    """
+    saved = store.timeout
+    try:
+        store.set_timeout(_RELEASE_TIMEOUT)
+        store.compare_set(key, me.encode(), b"")
+    except Exception:
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            store.set_timeout(saved)
 
 
 def _info_timeout(seconds: float) -> MPI.Info:
@@ -140,12 +192,24 @@ def join_over_ports(store: Store, rank: int, world_size: int, timeout: timedelta
 
     SPMD: all ``world_size`` processes call it with the same store and their
     distinct ranks. Raises DistTimeoutError ("k of N joined") when some never
-    arrive within ``timeout``; DistBackendError when MPI cannot connect them.
+    arrive within ``timeout``; DistBackendError when MPI cannot connect them;
+    ValueError when another process holds ``rank`` (see *Rank claims* above).
     """
-    from mpi4py import MPI
-
     check_mpi_supports_ports()
     deadline = Deadline(timeout)
+    me = _whoami()
+    claim = _claim_rank(store, rank, world_size, me)  # before the generation: a duplicate must not bump it
+    try:
+        comm = _join(store, rank, world_size, deadline)
+    except BaseException:
+        _release_rank(store, claim, me)
+        raise
+    return comm
+
+
+def _join(store: Store, rank: int, world_size: int, deadline: Deadline) -> MPI.Intracomm:
+    from mpi4py import MPI
+
     generation = store.add(f"{_KEY_ROOT}/generation/{rank}", 1)
     prefix = f"{_KEY_ROOT}/{generation}"
     arrive(store, prefix, rank, world_size, deadline)

@@ -44,8 +44,12 @@ def _make_store(how: str, rank: int, n: int, where: str, timeout: timedelta):
     return TCPStore("127.0.0.1", int(where), n, rank == 0, timeout, wait_for_workers=False)
 
 
-def worker(rank: int, n: int, how: str, where: str, timeout_s: float, via: str, out) -> None:
-    """One process: join as ``how`` says, report what it sees on ``out``."""
+def worker(rank: int, n: int, how: str, where: str, timeout_s: float, via: str, out, hold=None) -> None:
+    """One process: join as ``how`` says, report what it sees on ``out``.
+
+    With ``hold`` (an Event) stay alive after reporting until it is set, so that
+    rank 0's store keeps serving late arrivals.
+    """
     _clean_launcher_env()
     timeout = timedelta(seconds=timeout_s)
     init_method: str | None = None
@@ -103,6 +107,8 @@ def worker(rank: int, n: int, how: str, where: str, timeout_s: float, via: str, 
         out.put(("ok", rank, report, time.monotonic() - t0))
     except BaseException as exc:  # reported to the test, which asserts on it
         out.put(("error", rank, (type(exc).__name__, str(exc)), time.monotonic() - t0))
+    if hold is not None:
+        hold.wait(LIMIT)
 
 
 def run_group(n: int, how: str, where: str, *, start: int | None = None, timeout_s: float = 40.0, via: str = "join"):
@@ -238,3 +244,77 @@ def test_launcher_not_wired_to_mpi_without_rendezvous_explains():
         status, (kind, message), _ = results[rank]
         assert (status, kind) == ("error", "DistBackendError")
         assert "MPI is not wired to srun" in message and "--mpi=" in message
+
+
+def run_ranks(ranks: list[int], n: int, how: str, where: str, *, timeout_s: float):
+    """Start one process per entry of ``ranks`` (duplicates allowed); return their reports in arrival order."""
+    out, hold = CTX.Queue(), CTX.Event()
+    procs = [
+        CTX.Process(target=worker, args=(r, n, how, where, timeout_s, "join", out, hold), daemon=True) for r in ranks
+    ]
+    for p in procs:
+        p.start()
+    reports = []
+    deadline = time.monotonic() + LIMIT
+    try:
+        while len(reports) < len(procs):
+            try:
+                reports.append(out.get(timeout=max(0.1, deadline - time.monotonic())))
+            except queue.Empty:
+                pytest.fail(f"only {len(reports)} of {len(procs)} processes reported within {LIMIT}s: {reports}")
+    finally:
+        hold.set()
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    return reports
+
+
+@pytest.mark.timeout(LIMIT + 30)
+@pytest.mark.parametrize("how", ["env", "tcp"])
+def test_duplicate_rank_is_refused_and_the_others_join(how):
+    """world_size=2 started as ranks 0, 1, 1: the second rank 1 gets a clear ValueError at once,
+    rank 0 and the first rank 1 join as usual."""
+    reports = run_ranks([0, 1, 1], 2, how, str(free_port()), timeout_s=30.0)
+    errors = [r for r in reports if r[0] == "error"]
+    oks = sorted((r for r in reports if r[0] == "ok"), key=lambda r: r[1])
+    assert len(errors) == 1 and len(oks) == 2, reports
+    _, rank, (kind, message), elapsed = errors[0]
+    assert (rank, kind) == (1, "ValueError"), message
+    assert "rank 1 is claimed twice" in message and "distinct RANK 0..1" in message
+    assert elapsed < 20.0  # not the 30 s timeout
+    for want, (_, rank, payload, _) in enumerate(oks):
+        assert rank == want and payload[:4] == (want, 2, 3, [0, 1])
+
+
+@pytest.mark.timeout(LIMIT + 30)
+def test_duplicate_rank_file_fails_fast():
+    """file://, world_size=3 started as ranks 0, 1, 1: the duplicate fails at once naming the rank; the
+    others time out saying who is missing (rank 2)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        timeout_s = 6.0
+        reports = run_ranks([0, 1, 1], 3, "file", os.path.join(tmp, "rdzv"), timeout_s=timeout_s)
+    kinds = sorted(r[2][0] for r in reports)
+    assert kinds == ["DistTimeoutError", "DistTimeoutError", "ValueError"], reports
+    for status, _rank, (kind, message), elapsed in reports:
+        assert status == "error"
+        if kind == "ValueError":
+            assert "rank 1 is claimed twice" in message, message
+            assert elapsed < timeout_s
+        else:
+            assert "2 of 3" in message and "missing rank(s): 2" in message, message
+
+
+@pytest.mark.timeout(LIMIT + 30)
+def test_duplicate_rank0_env_names_the_cause():
+    """Two processes given RANK=0: the one that cannot serve the store says rank 0 may be claimed twice."""
+    reports = run_ranks([0, 0, 1], 2, "env", str(free_port()), timeout_s=30.0)
+    errors = [r for r in reports if r[0] == "error"]
+    assert len(errors) == 1 and sum(r[0] == "ok" for r in reports) == 2, reports
+    _, rank, (kind, message), _ = errors[0]
+    assert (rank, kind) == (0, "DistNetworkError"), message
+    assert "rank 0 is claimed twice" in message and "MASTER_PORT" in message
