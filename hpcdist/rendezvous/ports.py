@@ -19,6 +19,10 @@ intracommunicator of ``world_size`` processes in rank order:
    lower block waits in the store until the upper block announced that it
    is about to connect, so ``Accept`` (which has no timeout) only runs when
    its peer is there; ``Connect`` is given MPICH's ``timeout`` info key.
+   A peer can still die between announcing itself and connecting: both
+   calls run under hpcdist's watchdog, which ends this process with
+   ``MPI_Abort`` and a DistTimeoutError message 5 s past the rendezvous
+   deadline (a blocking MPI call cannot be interrupted).
 
 Store keys live under ``hpcdist/join/<generation>/``; the generation is a
 per-rank counter, so joining again over the same store (a second
@@ -46,6 +50,7 @@ import contextlib
 import os
 import re
 import socket
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -62,6 +67,8 @@ __all__ = ["broken_mpi_reason", "check_mpi_supports_ports", "join_over_ports"]
 _KEY_ROOT = "hpcdist/join"
 #: how long giving up a rank claim may take when the store went away
 _RELEASE_TIMEOUT = timedelta(seconds=0.5)
+#: how long past the rendezvous deadline a connect/accept may take before the watchdog ends the process
+_MPI_GRACE_S = 5.0
 _FIX = (
     "install an MPI whose MPI_Comm_connect/accept works between singleton processes "
     "(pip install 'mpich>=4.3,<4.4' for the embedded MPI), or start the processes with an MPI launcher "
@@ -135,6 +142,24 @@ def _info_timeout(seconds: float) -> MPI.Info:
     return info
 
 
+@contextlib.contextmanager
+def _watched(deadline: Deadline, what: str) -> Iterator[None]:
+    """Arm hpcdist's watchdog around an MPI call that has no timeout of its own.
+
+    ``MPI_Comm_accept`` waits forever for a partner that died after saying it
+    would connect; past the rendezvous deadline (plus a grace period) the
+    watchdog prints a DistTimeoutError message naming ``what`` and ends this
+    process with ``MPI_Abort`` (status 124), instead of hanging.
+    """
+    from hpcdist._watchdog import WATCHDOG
+
+    WATCHDOG.arm(max(deadline.left(), 0.0) + _MPI_GRACE_S, what)
+    try:
+        yield
+    finally:
+        WATCHDOG.disarm()
+
+
 def _merge_round(
     comm: MPI.Intracomm,
     store: Store,
@@ -166,7 +191,10 @@ def _merge_round(
             [f"{prefix}/ready/{r}/{partner}"],
             lambda lost: f"rendezvous: ranks {partner}.. never connected in merge round {r} (a process died?)",
         )
-        inter = comm.Accept(port if port is not None and rank == leader else "", root=0)
+        with _watched(
+            deadline, f"rendezvous: MPI_Comm_accept of merge round {r} (rank {rank}, waiting for rank {partner})"
+        ):
+            inter = comm.Accept(port if port is not None and rank == leader else "", root=0)
         merged = inter.Merge(high=False)
     else:
         lower = leader - span
@@ -177,7 +205,8 @@ def _merge_round(
             store.set(f"{prefix}/ready/{r}/{leader}", "1")
         info = _info_timeout(deadline.left())
         try:
-            inter = comm.Connect(peer_port, info, root=0)
+            with _watched(deadline, f"rendezvous: MPI_Comm_connect of merge round {r} (rank {rank} to rank {lower})"):
+                inter = comm.Connect(peer_port, info, root=0)
         finally:
             info.Free()
         merged = inter.Merge(high=True)

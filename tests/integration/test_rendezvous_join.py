@@ -318,3 +318,47 @@ def test_duplicate_rank0_env_names_the_cause():
     _, rank, (kind, message), _ = errors[0]
     assert (rank, kind) == (0, "DistNetworkError"), message
     assert "rank 0 is claimed twice" in message and "MASTER_PORT" in message
+
+
+@pytest.mark.timeout(LIMIT + 30)
+def test_partner_dies_before_connect_does_not_hang_accept():
+    """Rank 1 announces it is about to connect, then never calls MPI_Comm_connect (as if it died):
+    rank 0, blocked in MPI_Comm_accept, is ended by the watchdog with a timeout message, not left hanging."""
+    import subprocess
+    import sys
+
+    from hpcdist.rendezvous.arrival import Deadline, arrive
+    from hpcdist.store import TCPStore
+
+    port = free_port()
+    timeout_s = 4.0
+    code = (
+        "from datetime import timedelta\n"
+        "from hpcdist.rendezvous import join_world\n"
+        f"join_world('tcp://127.0.0.1:{port}', store=None, rank=0, world_size=2, "
+        f"timeout=timedelta(seconds={timeout_s}))\n"
+        "print('JOINED', flush=True)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_", "SLURM_", "HYDRA_"))}
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    rank0 = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        store = TCPStore("127.0.0.1", port, 2, False, timedelta(seconds=30))
+        prefix = f"hpcdist/join/{store.add('hpcdist/join/generation/1', 1)}"
+        arrive(store, prefix, 1, 2, Deadline(timedelta(seconds=30)))
+        store.wait([f"{prefix}/port/0/0"], timedelta(seconds=30))
+        store.set(f"{prefix}/ready/0/1", "1")  # ... and never connect
+        t0 = time.monotonic()
+        out, err = rank0.communicate(timeout=timeout_s + 30)
+        elapsed = time.monotonic() - t0
+    finally:
+        if rank0.poll() is None:
+            rank0.kill()
+            rank0.wait()
+    assert "JOINED" not in out
+    assert rank0.returncode != 0
+    assert "DistTimeoutError" in err and "MPI_Comm_accept of merge round 0" in err, err[-2000:]
+    assert elapsed < timeout_s + 15
