@@ -39,6 +39,7 @@ _log = logging.getLogger("hpcdist.store")
 _RECV = 256 * 1024  # bytes asked of one recv()
 _BIG = 1024 * 1024  # frames at least this big are received in place
 _OUT_HIGH = 8 * 1024 * 1024  # stop serving a connection with this much unsent output
+_ACCEPT_PAUSE = 0.1  # seconds without accepting after accept() failed (EMFILE)
 _LISTEN = object()
 _WAKE = object()
 
@@ -123,6 +124,7 @@ class TCPServer(RequestHandlers):
         self._resume: deque[_Conn] = deque()
         self._dirty: dict[_Conn, None] = {}
         self._conns: set[_Conn] = set()
+        self._accept_warned = -1e9
         self._handlers = self.handler_table()
 
     # --- lifecycle ------------------------------------------------------------------
@@ -204,7 +206,15 @@ class TCPServer(RequestHandlers):
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # e.g. EMFILE: keep serving the connections we have
-                _log.warning("hpcdist store server: accept failed: %s", exc)
+                # The pending connection stays queued, so the listener stays readable: stop
+                # watching it for a moment instead of spinning on failed accepts.
+                now = time.monotonic()
+                if now - self._accept_warned > 60.0:  # once a minute, not ten times a second
+                    self._accept_warned = now
+                    _log.warning("hpcdist store server: accept failed: %s; pausing accepts briefly", exc)
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    self._sel.unregister(self._listener)
+                self._push_timer(time.monotonic() + _ACCEPT_PAUSE, _LISTEN)
                 return
             sock.setblocking(False)
             with contextlib.suppress(OSError):
@@ -399,6 +409,9 @@ class TCPServer(RequestHandlers):
                     self._finish(obj, P.ST_TIMEOUT, missing)
             elif isinstance(obj, _Conn) and not obj.authed and not obj.closed:
                 self._drop(obj, "did not authenticate in time")
+            elif obj is _LISTEN:
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    self._sel.register(self._listener, selectors.EVENT_READ, _LISTEN)
 
     def _park(self, conn: _Conn, op: int, keys: list[bytes], timeout: float, n: int = 0) -> None:
         w = _Waiter(conn, op, keys, n)

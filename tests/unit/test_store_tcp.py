@@ -583,3 +583,45 @@ def test_very_long_timeouts_do_not_overflow_the_event_loop(no_env_secret):
         b.close()
     finally:
         server.stop()
+
+
+_FD_EXHAUSTION = r"""
+import resource, socket, time
+from datetime import timedelta
+from hpcdist.store import TCPStore
+
+import os
+used = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (used + 24, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+master = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=20), wait_for_workers=False)
+extra = []
+try:
+    while True:  # connections the server cannot accept: it runs out of descriptors first
+        s = socket.socket()
+        extra.append(s)
+        s.connect(("127.0.0.1", master.port))
+except OSError:
+    pass
+time.sleep(0.3)
+cpu0 = time.process_time()
+time.sleep(1.0)
+cpu = time.process_time() - cpu0
+for s in extra:
+    s.close()
+time.sleep(0.3)
+client = TCPStore("127.0.0.1", master.port, None, False, timedelta(seconds=10))
+client.set("k", b"v")
+print("CPU", round(cpu, 3), "GOT", master.get("k").decode(), "CONNS", len(extra))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_server_out_of_descriptors_does_not_spin_and_recovers(no_env_secret):
+    """accept() failing with EMFILE must not turn the server loop into a busy spin; once
+    descriptors are free again new clients are served."""
+    proc = subprocess.run([sys.executable, "-c", _FD_EXHAUSTION], capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    fields = proc.stdout.split()
+    assert fields[0] == "CPU" and fields[2:4] == ["GOT", "v"], proc.stdout
+    assert int(fields[5]) > 1
+    assert float(fields[1]) < 0.5, f"server loop used {fields[1]} s of CPU in 1 s while out of descriptors"
