@@ -58,8 +58,8 @@ def _expand_ranges(body: str, expr: str) -> list[str]:
         lo, hi = int(lo_s), int(hi_s)
         if hi < lo:
             raise ValueError(f"hostlist: range {item!r} in {expr!r} runs backwards; expected LO <= HI")
-        if hi - lo >= _MAX_HOSTS:
-            raise ValueError(f"hostlist: range {item!r} in {expr!r} has more than {_MAX_HOSTS} hosts")
+        if len(out) + hi - lo >= _MAX_HOSTS:  # counted before expanding: many ranges add up
+            raise ValueError(f"hostlist: brackets in {expr!r} give more than {_MAX_HOSTS} hosts")
         width = len(lo_s)
         out.extend(str(n).zfill(width) for n in range(lo, hi + 1))
     return out
@@ -85,6 +85,11 @@ def _expand_one(expr: str) -> list[str]:
     return ["".join(combo) for combo in itertools.product(*pieces)]
 
 
+def _check_total(count: int, hostlist: str) -> None:
+    if count > _MAX_HOSTS:
+        raise ValueError(f"hostlist: {hostlist!r} expands to more than {_MAX_HOSTS} hosts")
+
+
 def expand_hostlist(hostlist: str) -> list[str]:
     """Expand a Slurm hostlist expression into host names, in order.
 
@@ -102,6 +107,7 @@ def expand_hostlist(hostlist: str) -> list[str]:
         expr = expr.strip()
         if expr:
             hosts.extend(_expand_one(expr))
+            _check_total(len(hosts), text)
     return hosts
 
 

@@ -66,3 +66,17 @@ def test_tasks_per_node(spec, counts):
 def test_tasks_per_node_bad():
     with pytest.raises(ValueError, match="SLURM_TASKS_PER_NODE"):
         parse_tasks_per_node("2(3)")
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    "text",
+    [
+        "n[" + ",".join(["0-999999"] * 60) + "]",  # many ranges in one bracket add up
+        ",".join(["n[0-999999]"] * 60),  # many expressions add up
+    ],
+)
+def test_expand_caps_the_total_before_allocating_it(text):
+    """The host cap counts every range and expression, refusing before tens of millions of names exist."""
+    with pytest.raises(ValueError, match="more than"):
+        expand_hostlist(text)
