@@ -104,10 +104,14 @@ def main() -> None:
         nbytes *= 2 if nbytes < 1024 else 4
     if rank == 0:
         print(f"# all_reduce (SUM, float64), {size} ranks, best of {args.rounds} rounds")
-        print(f"# {MPI.Get_library_version().splitlines()[0].strip()}; mpi4py {__import__('mpi4py').__version__}; "
-              f"hpcdist {dist.__version__}; host {socket.gethostname()}, {os.cpu_count()} cpus")
-        head = ("| bytes | raw mpi4py µs | hpcdist block µs | added µs | hpcdist/raw throughput | hpcdist poll µs "
-                "| added µs | hpcdist/raw throughput |")
+        print(
+            f"# {MPI.Get_library_version().splitlines()[0].strip()}; mpi4py {__import__('mpi4py').__version__}; "
+            f"hpcdist {dist.__version__}; host {socket.gethostname()}, {os.cpu_count()} cpus"
+        )
+        head = (
+            "| bytes | raw mpi4py µs | hpcdist block µs | added µs | hpcdist/raw throughput | hpcdist poll µs "
+            "| added µs | hpcdist/raw throughput |"
+        )
         if tdist is not None:
             head += " torch gloo µs |"
         print(head)
@@ -115,7 +119,7 @@ def main() -> None:
         for nb, b in rows:
             line = f"| {nb} | {b['raw'] * 1e6:.2f} |"
             for mode in ("block", "poll"):
-                line += (f" {b[mode] * 1e6:.2f} | {(b[mode] - b['raw']) * 1e6:+.2f} | {b['raw'] / b[mode]:.3f} |")
+                line += f" {b[mode] * 1e6:.2f} | {(b[mode] - b['raw']) * 1e6:+.2f} | {b['raw'] / b[mode]:.3f} |"
             if tdist is not None:
                 line += f" {b['gloo'] * 1e6:.1f} |"
             print(line)

@@ -97,10 +97,14 @@ def main() -> int:
 
     host = np.frombuffer(pinned, np.float32, (args.max_mib << 20) // 4)
     if rank == 0:
-        print(f"# {n} rank(s), GPU {cp.cuda.runtime.getDeviceProperties(dev)['name'].decode()}, "
-              f"{MPI.Get_library_version().splitlines()[0]}; CUDA-aware MPI: {aware.enabled} ({aware.reason})")
-        print(f"{'bytes':>11} | {'raw nccl us':>11} {'hpcdist':>9} {'ratio':>6} {'busBW GB/s':>10} | "
-              f"{'raw mpi us':>10} {'hpcdist':>9} {'ratio':>6}")
+        print(
+            f"# {n} rank(s), GPU {cp.cuda.runtime.getDeviceProperties(dev)['name'].decode()}, "
+            f"{MPI.Get_library_version().splitlines()[0]}; CUDA-aware MPI: {aware.enabled} ({aware.reason})"
+        )
+        print(
+            f"{'bytes':>11} | {'raw nccl us':>11} {'hpcdist':>9} {'ratio':>6} {'busBW GB/s':>10} | "
+            f"{'raw mpi us':>10} {'hpcdist':>9} {'ratio':>6}"
+        )
     nbytes = 4
     while nbytes <= args.max_mib << 20:
         count = nbytes // 4
@@ -108,29 +112,42 @@ def main() -> int:
         iters = max(3, min(200, (64 << 20) // nbytes))
         row: dict[str, float] = {}
         if nccl_raw is not None:
-            row["raw_nccl"] = _time(lambda x=x, c=count: nccl_raw.allReduce(x.data.ptr, x.data.ptr, c, nccl.NCCL_FLOAT32,
-                                                                          nccl.NCCL_SUM, stream.ptr),
-                                    stream.synchronize, iters, args.repeats, comm)
+            row["raw_nccl"] = _time(
+                lambda x=x, c=count: nccl_raw.allReduce(
+                    x.data.ptr, x.data.ptr, c, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr
+                ),
+                stream.synchronize,
+                iters,
+                args.repeats,
+                comm,
+            )
             row["hp_nccl"] = _time(lambda x=x: dist.all_reduce(x), stream.synchronize, iters, args.repeats, comm)
         h = host[:count]
         if aware.enabled:
+
             def raw_mpi(x: Any = x) -> None:
                 stream.synchronize()
                 comm.Allreduce(MPI.IN_PLACE, [x, MPI.FLOAT])
         else:
+
             def raw_mpi(x: Any = x, h: Any = h) -> None:
                 x.get(out=h, stream=stream)
                 comm.Allreduce(MPI.IN_PLACE, [h, MPI.FLOAT])
                 x.set(h, stream=stream)
                 stream.synchronize()
+
         row["raw_mpi"] = _time(raw_mpi, stream.synchronize, iters, args.repeats, comm)
-        row["hp_mpi"] = _time(lambda x=x: dist.all_reduce(x, group=mpi_pg), stream.synchronize, iters,
-                              args.repeats, comm)
+        row["hp_mpi"] = _time(
+            lambda x=x: dist.all_reduce(x, group=mpi_pg), stream.synchronize, iters, args.repeats, comm
+        )
         if rank == 0:
             bw = f"{2 * (n - 1) / n * nbytes / row['hp_nccl'] / 1e9:.1f}" if "hp_nccl" in row and n > 1 else "-"
-            print(f"{nbytes:>11} | {_us(row, 'raw_nccl'):>11} {_us(row, 'hp_nccl'):>9} "
-                  f"{_ratio(row, 'raw_nccl', 'hp_nccl'):>6} {bw:>10} | {_us(row, 'raw_mpi'):>10} "
-                  f"{_us(row, 'hp_mpi'):>9} {_ratio(row, 'raw_mpi', 'hp_mpi'):>6}", flush=True)
+            print(
+                f"{nbytes:>11} | {_us(row, 'raw_nccl'):>11} {_us(row, 'hp_nccl'):>9} "
+                f"{_ratio(row, 'raw_nccl', 'hp_nccl'):>6} {bw:>10} | {_us(row, 'raw_mpi'):>10} "
+                f"{_us(row, 'hp_mpi'):>9} {_ratio(row, 'raw_mpi', 'hp_mpi'):>6}",
+                flush=True,
+            )
         nbytes *= 4
     if nccl_raw is not None:
         nccl_raw.destroy()

@@ -64,13 +64,17 @@ def main() -> None:
         rows.append((nbytes, best))
         nbytes *= 4 if nbytes < 1 << 20 else 2
     if rank == 0:
-        print(f"# send/recv ping-pong (one-way), 2 ranks, best of {args.rounds} rounds; "
-              f"{MPI.Get_library_version().splitlines()[0].strip()}")
+        print(
+            f"# send/recv ping-pong (one-way), 2 ranks, best of {args.rounds} rounds; "
+            f"{MPI.Get_library_version().splitlines()[0].strip()}"
+        )
         print("| bytes | raw mpi4py µs | hpcdist µs | added µs | hpcdist/raw throughput |")
         print("|---|---|---|---|---|")
         for nb, b in rows:
-            print(f"| {nb} | {b['raw'] * 1e6:.2f} | {b['hpcdist'] * 1e6:.2f} | {(b['hpcdist'] - b['raw']) * 1e6:+.2f} "
-                  f"| {b['raw'] / b['hpcdist']:.3f} |")
+            print(
+                f"| {nb} | {b['raw'] * 1e6:.2f} | {b['hpcdist'] * 1e6:.2f} | {(b['hpcdist'] - b['raw']) * 1e6:+.2f} "
+                f"| {b['raw'] / b['hpcdist']:.3f} |"
+            )
     dist.destroy_process_group()
 
 

@@ -76,8 +76,14 @@ def init_process_group(
     WORLD.device_id = device_id
     group_store = joined.store
     pg = ProcessGroup(
-        comm, list(range(n)), timeout=tmo, backend=bmap, backend_str=bstr, group_name=group_name or "default_pg",
-        group_desc="default_pg", store=group_store,
+        comm,
+        list(range(n)),
+        timeout=tmo,
+        backend=bmap,
+        backend_str=bstr,
+        group_name=group_name or "default_pg",
+        group_desc="default_pg",
+        store=group_store,
     )
     pg.bound_device_id = device_id
     WORLD.default_pg = pg

@@ -91,8 +91,9 @@ def _list_len(lst: Any, n: int, argname: str) -> None:
 # ------------------------------------------------------------------ broadcast / reductions
 
 
-def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
-              group_src: int | None = None) -> Work | None:
+def broadcast(
+    tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False, group_src: int | None = None
+) -> Work | None:
     """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank of the group.
 
     Every rank passes an array of the same dtype and size.
@@ -126,8 +127,14 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
     return None
 
 
-def reduce(tensor: Any, dst: int | None = None, op: Any = SUM, group: Any = None, async_op: bool = False,
-           group_dst: int | None = None) -> Work | None:
+def reduce(
+    tensor: Any,
+    dst: int | None = None,
+    op: Any = SUM,
+    group: Any = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+) -> Work | None:
     """Reduce ``tensor`` over the group into ``tensor`` on rank ``dst`` (others' are left as they were)."""
     pg = resolve_group(group, "reduce")
     if pg is None:
@@ -206,8 +213,9 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
     return _done(_engine(pg, inp, "all_gather").all_gather(outs, inp, sync=not async_op), async_op)
 
 
-def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
-                           async_op: bool = False) -> Work | None:
+def all_gather_into_tensor(
+    output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False
+) -> Work | None:
     """Gather every rank's ``input_tensor`` into ``output_tensor`` (group size x its size), in rank order."""
     pg = resolve_group(group, "all_gather_into_tensor")
     if pg is None:
@@ -228,8 +236,9 @@ def all_gather_single(output_tensor: Any, input_tensor: Any, group: Any = None, 
     return all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
 
 
-def all_gather_coalesced(output_tensor_lists: list[list[Any]], input_tensor_list: list[Any], group: Any = None,
-                         async_op: bool = False) -> Work | None:
+def all_gather_coalesced(
+    output_tensor_lists: list[list[Any]], input_tensor_list: list[Any], group: Any = None, async_op: bool = False
+) -> Work | None:
     """:func:`all_gather` of each ``input_tensor_list[i]`` into ``output_tensor_lists[i]``, all at once."""
     pg = resolve_group(group, "all_gather_coalesced")
     if pg is None:
@@ -254,8 +263,9 @@ def all_gather_coalesced(output_tensor_lists: list[list[Any]], input_tensor_list
     return _done(combine(works, "all_gather_coalesced", pg), async_op)
 
 
-def _root_list(pg: ProcessGroup, root: int, lst: Any, argname: str, ref: Buf, write: bool,
-               role: str) -> list[Buf] | None:
+def _root_list(
+    pg: ProcessGroup, root: int, lst: Any, argname: str, ref: Buf, write: bool, role: str
+) -> list[Buf] | None:
     """The per-rank list of gather/scatter: required on the root, None or empty elsewhere."""
     if pg._rank != root:
         if lst:
@@ -271,8 +281,14 @@ def _root_list(pg: ProcessGroup, root: int, lst: Any, argname: str, ref: Buf, wr
     return bufs
 
 
-def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = None, group: Any = None,
-           async_op: bool = False, group_dst: int | None = None) -> Work | None:
+def gather(
+    tensor: Any,
+    gather_list: list[Any] | None = None,
+    dst: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+) -> Work | None:
     """Gather every rank's ``tensor`` into ``gather_list`` on rank ``dst``.
 
     ``gather_list`` (one array per group rank, entry ``r`` of rank ``r``'s
@@ -287,8 +303,14 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
     return _done(_engine(pg, inp, "gather").gather(inp, outs, root, sync=not async_op), async_op)
 
 
-def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None = None, group: Any = None,
-            async_op: bool = False, group_src: int | None = None) -> Work | None:
+def scatter(
+    tensor: Any,
+    scatter_list: list[Any] | None = None,
+    src: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_src: int | None = None,
+) -> Work | None:
     """Rank ``src`` sends ``scatter_list[r]`` to rank ``r``, which receives it into ``tensor``.
 
     ``scatter_list`` is required on ``src`` (entry ``r`` of rank ``r``'s
@@ -306,8 +328,9 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
 # ------------------------------------------------------------------ reduce-scatter
 
 
-def reduce_scatter(output: Any, input_list: list[Any], op: Any = SUM, group: Any = None,
-                   async_op: bool = False) -> Work | None:
+def reduce_scatter(
+    output: Any, input_list: list[Any], op: Any = SUM, group: Any = None, async_op: bool = False
+) -> Work | None:
     """Reduce ``input_list[r]`` over the group into ``output`` on rank ``r``.
 
     Every rank passes one input per group rank; entry ``r`` has rank ``r``'s
@@ -329,8 +352,9 @@ def reduce_scatter(output: Any, input_list: list[Any], op: Any = SUM, group: Any
     return _done(_engine(pg, out, "reduce_scatter").reduce_scatter(out, ins, rop, sync=not async_op), async_op)
 
 
-def reduce_scatter_tensor(output: Any, input: Any, op: Any = SUM, group: Any = None,
-                          async_op: bool = False) -> Work | None:
+def reduce_scatter_tensor(
+    output: Any, input: Any, op: Any = SUM, group: Any = None, async_op: bool = False
+) -> Work | None:
     """Reduce ``input`` (group size x output size) over the group; rank ``r`` gets the ``r``-th chunk."""
     pg = resolve_group(group, "reduce_scatter_tensor")
     if pg is None:
@@ -344,11 +368,14 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = SUM, group: Any = N
             f"elements, got {inp.arr.size}"
         )
     rop = resolve_op(op, out.dtype)
-    return _done(_engine(pg, out, "reduce_scatter_tensor").reduce_scatter_tensor(out, inp, rop, sync=not async_op), async_op)
+    return _done(
+        _engine(pg, out, "reduce_scatter_tensor").reduce_scatter_tensor(out, inp, rop, sync=not async_op), async_op
+    )
 
 
-def reduce_scatter_single(output: Any, input: Any, op: Any = SUM, group: Any = None,
-                          async_op: bool = False) -> Work | None:
+def reduce_scatter_single(
+    output: Any, input: Any, op: Any = SUM, group: Any = None, async_op: bool = False
+) -> Work | None:
     """Same as :func:`reduce_scatter_tensor` (torch 2.13's newer name)."""
     return reduce_scatter_tensor(output, input, op, group, async_op)
 
@@ -356,8 +383,9 @@ def reduce_scatter_single(output: Any, input: Any, op: Any = SUM, group: Any = N
 # ------------------------------------------------------------------ all-to-all
 
 
-def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], group: Any = None,
-               async_op: bool = False) -> Work | None:
+def all_to_all(
+    output_tensor_list: list[Any], input_tensor_list: list[Any], group: Any = None, async_op: bool = False
+) -> Work | None:
     """Rank ``i`` sends ``input_tensor_list[j]`` to rank ``j``, which receives it in ``output_tensor_list[i]``."""
     pg = resolve_group(group, "all_to_all")
     if pg is None:
@@ -369,7 +397,9 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
     _same_kind(ins[0], ins[1:], "input_tensor_list")
     _same_kind(ins[0], outs, "output_tensor_list")
     if ins[pg._rank].arr.size != outs[pg._rank].arr.size:
-        raise ValueError(f"input_tensor_list[{pg._rank}] and output_tensor_list[{pg._rank}] (this rank to itself) must have equal sizes")
+        raise ValueError(
+            f"input_tensor_list[{pg._rank}] and output_tensor_list[{pg._rank}] (this rank to itself) must have equal sizes"
+        )
     return _done(_engine(pg, ins[0], "all_to_all").all_to_all(outs, ins, sync=not async_op), async_op)
 
 
@@ -392,8 +422,14 @@ def _split_counts(splits: Any, n: int, rows: int, row_elems: int, argname: str, 
     return [s * row_elems for s in seq]
 
 
-def all_to_all_single(output: Any, input: Any, output_split_sizes: Any = None, input_split_sizes: Any = None,
-                      group: Any = None, async_op: bool = False) -> Work | None:
+def all_to_all_single(
+    output: Any,
+    input: Any,
+    output_split_sizes: Any = None,
+    input_split_sizes: Any = None,
+    group: Any = None,
+    async_op: bool = False,
+) -> Work | None:
     """Split ``input`` along dim 0, send chunk ``j`` to rank ``j``; concatenate what arrives into ``output``.
 
     Splits (rows per rank) default to equal chunks; they may be uneven and
@@ -420,14 +456,17 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Any = None, i
             f"{rcounts[pg._rank] // max(out_row, 1)}; input_split_sizes[{pg._rank}] and "
             f"output_split_sizes[{pg._rank}] must match"
         )
-    return _done(_engine(pg, inp, "all_to_all_single").all_to_all_single(out, inp, rcounts, scounts, sync=not async_op), async_op)
+    return _done(
+        _engine(pg, inp, "all_to_all_single").all_to_all_single(out, inp, rcounts, scounts, sync=not async_op), async_op
+    )
 
 
 # ------------------------------------------------------------------ barrier
 
 
-def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
-            timeout: timedelta | None = None) -> Work | None:
+def barrier(
+    group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: timedelta | None = None
+) -> Work | None:
     """Block until every rank of the group entered the barrier (or ``timeout``, then DistTimeoutError)."""
     pg = resolve_group(group, "barrier")
     if pg is None:

@@ -23,8 +23,14 @@ from .group import resolve_group
 from .p2p import internal_tag
 from .work import wait_requests
 
-__all__ = ["DebugLevel", "breakpoint", "get_debug_level", "monitored_barrier", "set_debug_level",
-           "set_debug_level_from_env"]
+__all__ = [
+    "DebugLevel",
+    "breakpoint",
+    "get_debug_level",
+    "monitored_barrier",
+    "set_debug_level",
+    "set_debug_level_from_env",
+]
 
 
 class DebugLevel(enum.IntEnum):

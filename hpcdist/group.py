@@ -212,7 +212,9 @@ def resolve_group(group: Any, opname: str = "") -> ProcessGroup | None:
         return group
     if mesh_group is not None and getattr(group, "ndim", 2) == 1:
         return resolve_group(mesh_group(), opname)
-    raise TypeError(f"group must be a ProcessGroup (from new_group) or None for the default group, got {type(group).__name__}")
+    raise TypeError(
+        f"group must be a ProcessGroup (from new_group) or None for the default group, got {type(group).__name__}"
+    )
 
 
 def group_rank(pg: ProcessGroup, glob: Any, grp: Any, name: str) -> int:
@@ -272,8 +274,14 @@ def _make_pg(comm: Any, ranks: list[int], timeout: timedelta, backend: Any, desc
         bmap, bstr = parse_backend(backend), str(backend).lower()
     name = WORLD.next_name()
     pg = ProcessGroup(
-        comm, ranks, timeout=timeout, backend=bmap, backend_str=bstr, group_name=name,
-        group_desc=desc or "undefined", store=world._store,
+        comm,
+        ranks,
+        timeout=timeout,
+        backend=bmap,
+        backend_str=bstr,
+        group_name=name,
+        group_desc=desc or "undefined",
+        store=world._store,
     )
     WORLD.groups[name] = pg
     return pg
@@ -332,8 +340,9 @@ def _tag_for(ranks: list[int]) -> int:
     return h
 
 
-def _split_many(parent: ProcessGroup, lists: list[list[int]], timeout: timedelta, backend: Any, desc: str | None,
-                what: str) -> tuple[Any, list[Any]]:
+def _split_many(
+    parent: ProcessGroup, lists: list[list[int]], timeout: timedelta, backend: Any, desc: str | None, what: str
+) -> tuple[Any, list[Any]]:
     """One MPI_Comm_split of ``parent`` into the given lists of *global* ranks."""
     from mpi4py import MPI
 
@@ -404,9 +413,13 @@ def new_subgroups_by_enumeration(
     """
     world = default_pg()
     if not isinstance(ranks_per_subgroup_list, (list, tuple)) or not ranks_per_subgroup_list:
-        raise ValueError(f"ranks_per_subgroup_list must be a non-empty list of rank lists, got {ranks_per_subgroup_list!r}")
-    lists = [_validate_ranks(lst, world.size(), f"ranks_per_subgroup_list[{i}]")
-             for i, lst in enumerate(ranks_per_subgroup_list)]
+        raise ValueError(
+            f"ranks_per_subgroup_list must be a non-empty list of rank lists, got {ranks_per_subgroup_list!r}"
+        )
+    lists = [
+        _validate_ranks(lst, world.size(), f"ranks_per_subgroup_list[{i}]")
+        for i, lst in enumerate(ranks_per_subgroup_list)
+    ]
     seen: dict[int, int] = {}
     for i, lst in enumerate(lists):
         for r in lst:
@@ -445,8 +458,9 @@ def split_group(
     return mine
 
 
-def shrink_group(ranks_to_exclude: list[int], group: Any = None, shrink_flags: int = 0,
-                 pg_options: Any = None) -> ProcessGroup:
+def shrink_group(
+    ranks_to_exclude: list[int], group: Any = None, shrink_flags: int = 0, pg_options: Any = None
+) -> ProcessGroup:
     """A new group of ``group``'s members less ``ranks_to_exclude`` (group ranks of ``group``).
 
     Collective over the *remaining* members only (``MPI_Comm_create_group``),
@@ -478,7 +492,9 @@ def get_group_rank(group: Any, global_rank: int) -> int:
     try:
         return pg._g2l[global_rank]
     except KeyError:
-        raise ValueError(f"global rank {global_rank} is not part of group {pg.group_name!r} (ranks {pg._ranks})") from None
+        raise ValueError(
+            f"global rank {global_rank} is not part of group {pg.group_name!r} (ranks {pg._ranks})"
+        ) from None
 
 
 def get_global_rank(group: Any, group_rank: int) -> int:

@@ -26,8 +26,9 @@ class DeviceMesh:
     rank's coordinates on every other dimension.
     """
 
-    def __init__(self, device_type: str, mesh: Any, *, mesh_dim_names: tuple[str, ...] | None = None,
-                 _init_backend: bool = True) -> None:
+    def __init__(
+        self, device_type: str, mesh: Any, *, mesh_dim_names: tuple[str, ...] | None = None, _init_backend: bool = True
+    ) -> None:
         if not isinstance(device_type, str) or device_type.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
         world = default_pg()
@@ -128,15 +129,23 @@ class DeviceMesh:
         return f"DeviceMesh('{self.device_type}', {self.mesh.tolist()}{names})"
 
 
-def init_device_mesh(device_type: str, mesh_shape: tuple[int, ...], *,
-                     mesh_dim_names: tuple[str, ...] | None = None, backend_override: Any = None) -> DeviceMesh:
+def init_device_mesh(
+    device_type: str,
+    mesh_shape: tuple[int, ...],
+    *,
+    mesh_dim_names: tuple[str, ...] | None = None,
+    backend_override: Any = None,
+) -> DeviceMesh:
     """A :class:`DeviceMesh` of ``mesh_shape`` over the world's ranks in row-major order.
 
     Collective over the world. ``prod(mesh_shape)`` must equal the world size.
     """
     world = default_pg()
-    if not isinstance(mesh_shape, (tuple, list)) or not mesh_shape or \
-            any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in mesh_shape):
+    if (
+        not isinstance(mesh_shape, (tuple, list))
+        or not mesh_shape
+        or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in mesh_shape)
+    ):
         raise ValueError(f"mesh_shape must be a non-empty tuple of positive ints, got {mesh_shape!r}")
     if int(np.prod(mesh_shape)) != world.size():
         raise ValueError(

@@ -72,8 +72,24 @@ def dumps(obj: Any) -> np.ndarray:
 
 
 _SAFE = {
-    "builtins": {"list", "dict", "set", "frozenset", "tuple", "bytearray", "bytes", "str", "int", "float", "complex",
-                 "bool", "slice", "range", "NoneType", "object"},
+    "builtins": {
+        "list",
+        "dict",
+        "set",
+        "frozenset",
+        "tuple",
+        "bytearray",
+        "bytes",
+        "str",
+        "int",
+        "float",
+        "complex",
+        "bool",
+        "slice",
+        "range",
+        "NoneType",
+        "object",
+    },
     "collections": {"OrderedDict", "defaultdict", "deque", "Counter"},
     "datetime": {"datetime", "date", "time", "timedelta", "timezone"},
     "decimal": {"Decimal"},
@@ -89,8 +105,11 @@ _SAFE = {
 class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         allowed = _SAFE.get(module)
-        if (allowed is not None and name in allowed) or (module == "numpy" and name.endswith("DType")) or \
-                module.startswith("numpy.dtypes"):
+        if (
+            (allowed is not None and name in allowed)
+            or (module == "numpy" and name.endswith("DType"))
+            or module.startswith("numpy.dtypes")
+        ):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(
             f"HPCDIST_OBJECT_UNPICKLER=restricted refuses to unpickle {module}.{name}; send plain data "
@@ -139,8 +158,9 @@ def _root(pg: ProcessGroup, glob: Any, grp: Any, name: str, default_zero: bool =
 # ------------------------------------------------------------------ collectives
 
 
-def broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None, device: Any = None,
-                          group_src: int | None = None) -> None:
+def broadcast_object_list(
+    object_list: list[Any], src: int | None = None, group: Any = None, device: Any = None, group_src: int | None = None
+) -> None:
     """Replace ``object_list``'s entries on every rank by those of rank ``src``.
 
     Every rank passes a list of the same length. Objects up to ~8 KiB take one
@@ -207,8 +227,13 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
         object_list[r] = loads(flat[displs[r] : displs[r] + counts[r]])
 
 
-def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int | None = None, group: Any = None,
-                  group_dst: int | None = None) -> None:
+def gather_object(
+    obj: Any,
+    object_gather_list: list[Any] | None = None,
+    dst: int | None = None,
+    group: Any = None,
+    group_dst: int | None = None,
+) -> None:
     """Gather every rank's ``obj`` into ``object_gather_list`` (group-size entries) on rank ``dst``."""
     pg = resolve_group(group, "gather_object")
     if pg is None:
@@ -226,8 +251,9 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
     comm = pg._comm
     mine = dumps(obj)
     lengths = np.empty(pg._size if is_root else 0, dtype=np.int64)
-    _wait(pg, [comm.Igather(np.array([mine.size], dtype=np.int64), lengths if is_root else None, root)],
-          "gather_object")
+    _wait(
+        pg, [comm.Igather(np.array([mine.size], dtype=np.int64), lengths if is_root else None, root)], "gather_object"
+    )
     if not is_root:
         _wait(pg, [comm.Igatherv(mine, None, root)], "gather_object")
         return
@@ -239,8 +265,13 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
         object_gather_list[r] = loads(flat[displs[r] : displs[r] + counts[r]])
 
 
-def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_input_list: list[Any] | None = None,
-                        src: int | None = None, group: Any = None, group_src: int | None = None) -> None:
+def scatter_object_list(
+    scatter_object_output_list: list[Any],
+    scatter_object_input_list: list[Any] | None = None,
+    src: int | None = None,
+    group: Any = None,
+    group_src: int | None = None,
+) -> None:
     """Rank ``src`` sends ``scatter_object_input_list[r]`` to rank ``r``, stored in ``scatter_object_output_list[0]``."""
     pg = resolve_group(group, "scatter_object_list")
     if pg is None:
@@ -281,8 +312,14 @@ def _object_tag() -> int:
     return internal_tag("objects")
 
 
-def send_object_list(object_list: list[Any], dst: int | None = None, group: Any = None, device: Any = None,
-                     group_dst: int | None = None, use_batch: bool = False) -> None:
+def send_object_list(
+    object_list: list[Any],
+    dst: int | None = None,
+    group: Any = None,
+    device: Any = None,
+    group_dst: int | None = None,
+    use_batch: bool = False,
+) -> None:
     """Send the objects of ``object_list`` to rank ``dst`` (one MPI message)."""
     pg = resolve_group(group, "send_object_list")
     if pg is None:
@@ -296,8 +333,14 @@ def send_object_list(object_list: list[Any], dst: int | None = None, group: Any 
     _wait(pg, [pg._comm.Isend(payload, peer, _object_tag())], "send_object_list")
 
 
-def recv_object_list(object_list: list[Any], src: int | None = None, group: Any = None, device: Any = None,
-                     group_src: int | None = None, use_batch: bool = False) -> int:
+def recv_object_list(
+    object_list: list[Any],
+    src: int | None = None,
+    group: Any = None,
+    device: Any = None,
+    group_src: int | None = None,
+    use_batch: bool = False,
+) -> int:
     """Receive objects from ``src`` (None: any rank) into ``object_list``; return the sender's global rank.
 
     ``object_list`` must have as many entries as the sender's list.
@@ -331,8 +374,6 @@ def recv_object_list(object_list: list[Any], src: int | None = None, group: Any 
     received = loads(buf)
     sender = pg._ranks[status.Get_source()]
     if len(received) != len(object_list):
-        raise ValueError(
-            f"object_list has {len(object_list)} entries but rank {sender} sent {len(received)} objects"
-        )
+        raise ValueError(f"object_list has {len(object_list)} entries but rank {sender} sent {len(received)} objects")
     object_list[:] = received
     return sender

@@ -175,7 +175,9 @@ def resolve_op(op: Any, dtype: str, argname: str = "op") -> ResolvedOp:
         raise ValueError(f"{argname}=ReduceOp.UNUSED is not a reduction")
     floating = dtype.startswith(("float", "bfloat", "complex"))
     if kind in _BITWISE and floating:
-        raise ValueError(f"{argname}=ReduceOp.{kind.name} is bitwise and needs an integer or bool array, got dtype {dtype}")
+        raise ValueError(
+            f"{argname}=ReduceOp.{kind.name} is bitwise and needs an integer or bool array, got dtype {dtype}"
+        )
     if dtype.startswith("complex") and kind in _NO_COMPLEX:
         raise ValueError(f"{argname}=ReduceOp.{kind.name} is not defined for complex dtype {dtype}")
     if dtype == "bool":

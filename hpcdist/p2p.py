@@ -68,8 +68,9 @@ def _peer(pg: ProcessGroup, glob: Any, grp: Any, name: str, allow_any: bool) -> 
     return r
 
 
-def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
-          group_dst: int | None = None) -> Work | None:
+def isend(
+    tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None
+) -> Work | None:
     """Start sending ``tensor`` to rank ``dst``; return a Work (None for a non-member)."""
     pg = resolve_group(group, "isend")
     if pg is None:
@@ -80,8 +81,9 @@ def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
     return pg.engine(buf.device).send(buf, peer, t)
 
 
-def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
-          group_src: int | None = None) -> Work | None:
+def irecv(
+    tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None
+) -> Work | None:
     """Start receiving into ``tensor`` from ``src`` (None: any rank); ``work.source_rank()`` tells who sent."""
     pg = resolve_group(group, "irecv")
     if pg is None:
@@ -136,8 +138,15 @@ class P2POp:
     matched by name); ``peer``/``group_peer`` the global/group rank.
     """
 
-    def __init__(self, op: Callable[..., Any], tensor: Any, peer: int | None = None, group: Any = None,
-                 tag: int = 0, group_peer: int | None = None) -> None:
+    def __init__(
+        self,
+        op: Callable[..., Any],
+        tensor: Any,
+        peer: int | None = None,
+        group: Any = None,
+        tag: int = 0,
+        group_peer: int | None = None,
+    ) -> None:
         name = getattr(op, "__name__", "")
         if name not in ("isend", "irecv"):
             raise ValueError(f"P2POp's op must be hpcdist.isend or hpcdist.irecv, got {op!r}")

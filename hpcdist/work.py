@@ -92,8 +92,20 @@ class Work:
     ``timeout`` (default: the group's timeout).
     """
 
-    __slots__ = ("_done", "_exc", "_future", "_keep", "_name", "_on_timeout", "_post", "_reqs", "_result",
-                 "_source", "_status", "_timeout_s")
+    __slots__ = (
+        "_done",
+        "_exc",
+        "_future",
+        "_keep",
+        "_name",
+        "_on_timeout",
+        "_post",
+        "_reqs",
+        "_result",
+        "_source",
+        "_status",
+        "_timeout_s",
+    )
 
     def __init__(
         self,

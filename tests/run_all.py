@@ -33,6 +33,7 @@ WAIT_MODE = {1: "block", 2: "poll", 3: "block", 4: "poll"}
 def stages(ranks: list[int], tmp: Path) -> list[tuple[str, list[str], Path | None, int]]:
     out: list[tuple[str, list[str], Path | None, int]] = [
         ("ruff", [PY, "-m", "ruff", "check", "hpcdist", "tests", "examples", "benchmarks", "jobs"], None, 120),
+        ("format", [PY, "-m", "ruff", "format", "--check", "hpcdist", "tests", "examples", "benchmarks"], None, 120),
         ("mypy", [PY, "-m", "mypy", "hpcdist"], None, 300),
         ("unit", [PY, "-m", "pytest", "-q", "tests/unit", f"--junitxml={tmp / 'unit.xml'}"], tmp / "unit.xml", 600),
     ]
@@ -45,10 +46,24 @@ def stages(ranks: list[int], tmp: Path) -> list[tuple[str, list[str], Path | Non
         xml = tmp / "mpi3d.xml"
         cmd = [mpiexec, "-n", "3", PY, str(ROOT / "tests" / "mpi_pytest.py"), "-q", "tests/mpi", f"--junitxml={xml}"]
         out.append(("mpi-3-detail", cmd, xml, 600))
-    out.append(("integration", [PY, "-m", "pytest", "-q", "tests/integration", f"--junitxml={tmp / 'integ.xml'}"], tmp / "integ.xml", 1200))
+    out.append(
+        (
+            "integration",
+            [PY, "-m", "pytest", "-q", "tests/integration", f"--junitxml={tmp / 'integ.xml'}"],
+            tmp / "integ.xml",
+            1200,
+        )
+    )
     out.append(("gpu", [PY, "-m", "pytest", "-q", "tests/gpu", f"--junitxml={tmp / 'gpu.xml'}"], tmp / "gpu.xml", 600))
     if (ROOT / "docs" / "conf.py").exists():
-        out.append(("docs", [PY, "-m", "sphinx", "-q", "-W", "--keep-going", "-b", "html", "docs", str(tmp / "html")], None, 300))
+        out.append(
+            (
+                "docs",
+                [PY, "-m", "sphinx", "-q", "-W", "--keep-going", "-b", "html", "docs", str(tmp / "html")],
+                None,
+                300,
+            )
+        )
     return out
 
 

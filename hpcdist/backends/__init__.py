@@ -125,7 +125,9 @@ def parse_backend(spec: Any) -> dict[str, str]:
     for part in text.split(","):
         dev, sep, name = part.strip().partition(":")
         if not sep or not dev or not name:
-            raise ValueError(f"backend {spec!r}: each entry must be 'device:backend' (e.g. 'cpu:mpi,cuda:nccl'), got {part!r}")
+            raise ValueError(
+                f"backend {spec!r}: each entry must be 'device:backend' (e.g. 'cpu:mpi,cuda:nccl'), got {part!r}"
+            )
         if dev not in ("cpu", "cuda"):
             raise ValueError(f"backend {spec!r}: device must be 'cpu' or 'cuda', got {dev!r}")
         out[dev] = str(Backend(name))

@@ -102,8 +102,9 @@ class MPIEngine:
 
     # -- the one template --------------------------------------------------
 
-    def _run(self, sync: bool, nb: Any, blk: Any, args: tuple, post: Any, keep: Any, name: str,
-             result: Any = None) -> Work | None:
+    def _run(
+        self, sync: bool, nb: Any, blk: Any, args: tuple, post: Any, keep: Any, name: str, result: Any = None
+    ) -> Work | None:
         """Start ``nb(*args)`` and wrap it in a Work; or, sync in block mode, run ``blk(*args)``."""
         pg = self.pg
         if not sync:
@@ -191,8 +192,9 @@ class MPIEngine:
     def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work | None:
         c = self.comm
         args = (_msg(inp.arr), _msg(out.arr))
-        return self._run(sync, c.Iallgather, c.Allgather, args, out.writeback, (out, inp), "all_gather_into_tensor",
-                         out.obj)
+        return self._run(
+            sync, c.Iallgather, c.Allgather, args, out.writeback, (out, inp), "all_gather_into_tensor", out.obj
+        )
 
     def gather(self, inp: Buf, outs: list[Buf] | None, root: int, sync: bool = False) -> Work | None:
         c = self.comm
@@ -233,8 +235,9 @@ class MPIEngine:
             _finish_reduce(out, recv, rop, size)
 
         args = (_msg(send), [recv, mpi_datatype(recv.dtype)], counts, _mpi_op(rop.mpi_name))
-        return self._run(sync, c.Ireduce_scatter, c.Reduce_scatter, args, post, (out, ins, send, recv),
-                         "reduce_scatter", out.obj)
+        return self._run(
+            sync, c.Ireduce_scatter, c.Reduce_scatter, args, post, (out, ins, send, recv), "reduce_scatter", out.obj
+        )
 
     def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
         c = self.comm
@@ -247,8 +250,16 @@ class MPIEngine:
             _finish_reduce(out, recv, rop, size)
 
         args = (_msg(send), [recv, mpi_datatype(recv.dtype)], _mpi_op(rop.mpi_name))
-        return self._run(sync, c.Ireduce_scatter_block, c.Reduce_scatter_block, args, post, (out, inp, send, recv),
-                         "reduce_scatter_tensor", out.obj)
+        return self._run(
+            sync,
+            c.Ireduce_scatter_block,
+            c.Reduce_scatter_block,
+            args,
+            post,
+            (out, inp, send, recv),
+            "reduce_scatter_tensor",
+            out.obj,
+        )
 
     def all_to_all(self, outs: list[Buf], ins: list[Buf], sync: bool = False) -> Work | None:
         c = self.comm
@@ -263,16 +274,17 @@ class MPIEngine:
             _unpack(recv, outs)
 
         args = ([send, (scounts, _displs(scounts)), mt], [recv, (rcounts, _displs(rcounts)), mt])
-        return self._run(sync, c.Ialltoallv, c.Alltoallv, args, post, (outs, ins, send, recv), "all_to_all",
-                         [o.obj for o in outs])
+        return self._run(
+            sync, c.Ialltoallv, c.Alltoallv, args, post, (outs, ins, send, recv), "all_to_all", [o.obj for o in outs]
+        )
 
-    def all_to_all_single(self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int],
-                          sync: bool = False) -> Work | None:
+    def all_to_all_single(
+        self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int], sync: bool = False
+    ) -> Work | None:
         c = self.comm
         mt = mpi_datatype(inp.arr.dtype)
         args = ([inp.arr, (scounts, _displs(scounts)), mt], [out.arr, (rcounts, _displs(rcounts)), mt])
-        return self._run(sync, c.Ialltoallv, c.Alltoallv, args, out.writeback, (out, inp), "all_to_all_single",
-                         out.obj)
+        return self._run(sync, c.Ialltoallv, c.Alltoallv, args, out.writeback, (out, inp), "all_to_all_single", out.obj)
 
     # -- point to point (always non-blocking: receives honour the timeout and can be cancelled) --
 

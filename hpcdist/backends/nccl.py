@@ -199,8 +199,9 @@ class NCCLEngine:
         cupy = require_cupy()
         event = cupy.cuda.Event(block=False, disable_timing=True)
         event.record(stream)
-        return CudaEventWork(event, keep, self.pg._timeout_s, (name, self.pg), result, self._device,
-                             _is_torch(ref.obj), source)
+        return CudaEventWork(
+            event, keep, self.pg._timeout_s, (name, self.pg), result, self._device, _is_torch(ref.obj), source
+        )
 
     def _plan(self, dtype: str, rop: ResolvedOp) -> NcclReduction:
         return nccl_reduction(dtype, rop, self.version)
@@ -358,15 +359,22 @@ class NCCLEngine:
         comm, s = self._begin([out, inp], "reduce_scatter_tensor")
         with s, self._calling("reduce_scatter_tensor"):
             send = inp.arr if plan.premul is None else _scaled(inp, plan.premul, copy=True)
-            comm.reduceScatter(_ptr(send), _ptr(out.arr), out.arr.size * plan.per_element, plan.datatype, plan.op,
-                               s.ptr)
+            comm.reduceScatter(
+                _ptr(send), _ptr(out.arr), out.arr.size * plan.per_element, plan.datatype, plan.op, s.ptr
+            )
             if plan.divide_after:
                 _divide(out.arr, out.dtype, self.pg._size)
             _writeback([out])
         return self._end(s, out, (out, inp, send), "reduce_scatter_tensor", out.obj)
 
-    def _exchange(self, comm: Any, s: Any, sends: list[tuple[int, int]], recvs: list[tuple[int, int]],
-                  self_copy: tuple[int, int, int]) -> None:
+    def _exchange(
+        self,
+        comm: Any,
+        s: Any,
+        sends: list[tuple[int, int]],
+        recvs: list[tuple[int, int]],
+        self_copy: tuple[int, int, int],
+    ) -> None:
         """Grouped sends (ptr, nbytes) to rank r and receives from rank r; this rank's part copied."""
         me = self.pg._rank
         rt = require_cupy().cuda.runtime
@@ -395,8 +403,9 @@ class NCCLEngine:
             _writeback(outs)
         return self._end(s, ins[0], (outs, ins), "all_to_all", [o.obj for o in outs])
 
-    def all_to_all_single(self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int],
-                          sync: bool = False) -> CudaEventWork:
+    def all_to_all_single(
+        self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int], sync: bool = False
+    ) -> CudaEventWork:
         comm, s = self._begin([out, inp], "all_to_all_single")
         me, item = self.pg._rank, inp.arr.itemsize
 
@@ -449,8 +458,17 @@ class NCCLEngine:
                 self.nccl.groupEnd()
             _writeback([b for is_send, b, _, _ in ops if not is_send])
         ref = ops[0][1]
-        return [self._end(s, ref, b, "send" if is_send else "recv", None if is_send else b.obj,
-                          -1 if is_send else self.pg._ranks[peer]) for is_send, b, peer, _ in ops]
+        return [
+            self._end(
+                s,
+                ref,
+                b,
+                "send" if is_send else "recv",
+                None if is_send else b.obj,
+                -1 if is_send else self.pg._ranks[peer],
+            )
+            for is_send, b, peer, _ in ops
+        ]
 
 
 def _factory(pg: Any, device_type: str) -> NCCLEngine:

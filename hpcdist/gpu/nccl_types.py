@@ -23,8 +23,17 @@ __all__ = ["NCCL_BYTE", "NCCL_DTYPES", "NCCL_OPS", "NcclReduction", "nccl_reduct
 
 #: ncclDataType_t by logical dtype name
 NCCL_DTYPES: dict[str, int] = {
-    "int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
-    "float16": 6, "float32": 7, "float64": 8, "bfloat16": 9, "bool": 1,
+    "int8": 0,
+    "uint8": 1,
+    "int32": 2,
+    "uint32": 3,
+    "int64": 4,
+    "uint64": 5,
+    "float16": 6,
+    "float32": 7,
+    "float64": 8,
+    "bfloat16": 9,
+    "bool": 1,
 }
 #: complex dtypes travel as twice as many of these
 _COMPLEX = {"complex64": "float32", "complex128": "float64"}
@@ -34,12 +43,20 @@ NCCL_BYTE = 1  # ncclUint8: what data movement sends
 AVG_VERSION = 21000  # NCCL 2.10.0 added ncclAvg and ncclBfloat16
 
 _BY_KIND = {
-    RedOpType.SUM: "sum", RedOpType.AVG: "avg", RedOpType.PREMUL_SUM: "sum", RedOpType.PRODUCT: "prod",
-    RedOpType.MIN: "min", RedOpType.MAX: "max",
+    RedOpType.SUM: "sum",
+    RedOpType.AVG: "avg",
+    RedOpType.PREMUL_SUM: "sum",
+    RedOpType.PRODUCT: "prod",
+    RedOpType.MIN: "min",
+    RedOpType.MAX: "max",
 }
 _BOOL = {
-    RedOpType.SUM: "max", RedOpType.MAX: "max", RedOpType.BOR: "max",
-    RedOpType.PRODUCT: "min", RedOpType.MIN: "min", RedOpType.BAND: "min",
+    RedOpType.SUM: "max",
+    RedOpType.MAX: "max",
+    RedOpType.BOR: "max",
+    RedOpType.PRODUCT: "min",
+    RedOpType.MIN: "min",
+    RedOpType.BAND: "min",
 }
 _FIX = "use backend='cpu:mpi,cuda:mpi' (CUDA-aware or staged MPI) for this group, or another dtype"
 

@@ -26,8 +26,17 @@ class CudaEventWork(Work):
 
     __slots__ = ("_event", "_index", "_torch")
 
-    def __init__(self, event: Any, keep: Any, timeout_s: float, name: Any, result: Any, index: int,
-                 torch_stream: bool, source: int = -1) -> None:
+    def __init__(
+        self,
+        event: Any,
+        keep: Any,
+        timeout_s: float,
+        name: Any,
+        result: Any,
+        index: int,
+        torch_stream: bool,
+        source: int = -1,
+    ) -> None:
         super().__init__((), None, keep, timeout_s, name, result)
         self._event = event
         self._index = index
@@ -59,8 +68,11 @@ class CudaEventWork(Work):
 
     def synchronize(self, timeout: timedelta | float | None = None) -> None:
         """Block the host until the operation completed on the GPU."""
-        limit = self._timeout_s if timeout is None else (
-            timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout))
+        limit = (
+            self._timeout_s
+            if timeout is None
+            else (timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout))
+        )
         deadline = time.monotonic() + limit
         delay = 0.00002
         while not self._event.done:

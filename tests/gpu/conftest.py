@@ -46,8 +46,9 @@ def _path_problem(path: str) -> str | None:
 
     if path == "cuda-aware":
         forced = os.environ.get("HPCDIST_TEST_CUDA_AWARE") == "1"
-        aware = cuda_aware.detect({k: v for k, v in os.environ.items() if k != "HPCDIST_CUDA_AWARE"},
-                                  cuda_aware.query_mpi())
+        aware = cuda_aware.detect(
+            {k: v for k, v in os.environ.items() if k != "HPCDIST_CUDA_AWARE"}, cuda_aware.query_mpi()
+        )
         if not (forced or aware.enabled):
             return f"this MPI is not CUDA-aware ({aware.reason}); set HPCDIST_TEST_CUDA_AWARE=1 to force the path"
     if path == "nccl":
@@ -133,6 +134,9 @@ def pytest_collection_modifyitems(config, items):
         if name == "test_all_reduce_ops" and opname in _SKIP_NCCL_OPS and (dtype != "bool" or opname == "BXOR"):
             item.add_marker(pytest.mark.skip(reason="NCCL has no bitwise reductions (error pinned elsewhere)"))
         if name == "test_async_ops_and_futures":
-            item.add_marker(pytest.mark.skip(
-                reason="NCCL Work.wait() orders the stream without blocking the host (torch semantics), so "
-                       "is_completed() right after wait() may be False; covered by test_nccl_stream_semantics"))
+            item.add_marker(
+                pytest.mark.skip(
+                    reason="NCCL Work.wait() orders the stream without blocking the host (torch semantics), so "
+                    "is_completed() right after wait() may be False; covered by test_nccl_stream_semantics"
+                )
+            )

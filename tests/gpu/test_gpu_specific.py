@@ -61,8 +61,9 @@ def test_foreign_device_arrays_reduce_in_place(gpu_path):
     dist.all_reduce(CAIView(x))
     assert cp.asnumpy(x).tolist() == [n() * (n() + 1) / 2] * 5
     y = cp.full(3, 1, dtype=cp.int32)
-    holder = type("DL", (), {"__dlpack__": lambda s, **k: y.__dlpack__(**k),
-                             "__dlpack_device__": lambda s: y.__dlpack_device__()})()
+    holder = type(
+        "DL", (), {"__dlpack__": lambda s, **k: y.__dlpack__(**k), "__dlpack_device__": lambda s: y.__dlpack_device__()}
+    )()
     dist.all_reduce(holder)
     assert cp.asnumpy(y).tolist() == [n()] * 3
 

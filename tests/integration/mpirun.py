@@ -33,8 +33,15 @@ def mpiexec() -> str:
     return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
 
 
-def run_mpi(n: int, script: str, tmp_path: Path, *, env: dict[str, str] | None = None, limit: float = 90,
-            args: list[str] | None = None) -> Result:
+def run_mpi(
+    n: int,
+    script: str,
+    tmp_path: Path,
+    *,
+    env: dict[str, str] | None = None,
+    limit: float = 90,
+    args: list[str] | None = None,
+) -> Result:
     """Run ``script`` (Python source, dedented) on ``n`` ranks; kill the whole launch after ``limit`` s."""
     path = tmp_path / f"script_{abs(hash(script)) % 10**8}.py"
     path.write_text(textwrap.dedent(script))
@@ -45,8 +52,9 @@ def run_mpi(n: int, script: str, tmp_path: Path, *, env: dict[str, str] | None =
     full_env.update(env or {})
     cmd = [mpiexec(), "-n", str(n), sys.executable, str(path), *(args or [])]
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=limit)
         timed_out = False

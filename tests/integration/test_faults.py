@@ -24,7 +24,9 @@ def say(*parts):
 
 
 def test_collective_timeout_raises_in_poll_mode(tmp_path):
-    script = PRELUDE + """
+    script = (
+        PRELUDE
+        + """
 dist.init_process_group("mpi", timeout=timedelta(seconds=2))
 x = np.ones(4)
 if dist.get_rank() == 0:
@@ -37,6 +39,7 @@ else:
     time.sleep(4)          # arrives late: the pending operation completes and the job ends cleanly
     dist.all_reduce(x)
 """
+    )
     r = run_mpi(2, script, tmp_path, env={"HPCDIST_WAIT": "poll"}, limit=60)
     assert not r.timed_out, r.output
     assert "TIMEOUT after" in r.stdout, r.output
@@ -46,13 +49,16 @@ else:
 
 
 def test_collective_timeout_in_block_mode_ends_the_job(tmp_path):
-    script = PRELUDE + """
+    script = (
+        PRELUDE
+        + """
 dist.init_process_group("mpi", timeout=timedelta(seconds=2))
 if dist.get_rank() == 0:
     dist.all_reduce(np.ones(4))   # the peer never comes: the watchdog ends the job
 else:
     time.sleep(120)
 """
+    )
     r = run_mpi(2, script, tmp_path, env={"HPCDIST_WAIT": "block"}, limit=60)
     assert not r.timed_out, "the watchdog did not end the job"
     assert r.returncode != 0
@@ -61,7 +67,9 @@ else:
 
 
 def test_receive_timeout_raises(tmp_path):
-    script = PRELUDE + """
+    script = (
+        PRELUDE
+        + """
 dist.init_process_group("mpi", timeout=timedelta(seconds=1.5))
 if dist.get_rank() == 0:
     try:
@@ -71,18 +79,22 @@ if dist.get_rank() == 0:
 dist.barrier(timeout=timedelta(seconds=30))
 x = np.ones(1); dist.all_reduce(x); say("STILL USABLE", x[0])
 """
+    )
     r = run_mpi(2, script, tmp_path, limit=60)
     assert not r.timed_out and r.returncode == 0, r.output
     assert "RECV TIMEOUT" in r.stdout and r.stdout.count("STILL USABLE 2.0") == 2, r.output
 
 
 def test_exception_on_one_rank_ends_the_job(tmp_path):
-    script = PRELUDE + """
+    script = (
+        PRELUDE
+        + """
 dist.init_process_group("mpi", timeout=timedelta(seconds=600))
 if dist.get_rank() == 1:
     raise RuntimeError("boom on purpose")
 dist.all_reduce(np.ones(4))   # would wait 10 minutes without the abort hook
 """
+    )
     r = run_mpi(3, script, tmp_path, limit=90)
     assert not r.timed_out, "an exception on one rank left the others hanging"
     assert r.returncode != 0
@@ -91,7 +103,9 @@ dist.all_reduce(np.ones(4))   # would wait 10 minutes without the abort hook
 
 
 def test_abort_hook_can_be_turned_off(tmp_path):
-    script = PRELUDE + """
+    script = (
+        PRELUDE
+        + """
 dist.init_process_group("mpi", timeout=timedelta(seconds=2))
 if dist.get_rank() == 1:
     raise RuntimeError("boom on purpose")
@@ -101,6 +115,7 @@ except dist.DistTimeoutError:
     say("RANK0 TIMED OUT INSTEAD")
     os._exit(3)
 """
+    )
     r = run_mpi(2, script, tmp_path, env={"HPCDIST_ABORT_ON_EXCEPTION": "0", "HPCDIST_WAIT": "poll"}, limit=60)
     assert not r.timed_out, r.output
     assert "hpcdist: unhandled exception; aborting" not in r.stderr
@@ -108,9 +123,13 @@ except dist.DistTimeoutError:
     assert "RANK0 TIMED OUT INSTEAD" in r.stdout, r.output
 
 
-@pytest.mark.parametrize(("n", "missing", "wait_all", "expect"), [(3, [2], False, "rank 2 "), (4, [2, 3], True, "ranks 2, 3 ")])
+@pytest.mark.parametrize(
+    ("n", "missing", "wait_all", "expect"), [(3, [2], False, "rank 2 "), (4, [2, 3], True, "ranks 2, 3 ")]
+)
 def test_monitored_barrier_names_missing_ranks(tmp_path, n, missing, wait_all, expect):
-    script = PRELUDE + f"""
+    script = (
+        PRELUDE
+        + f"""
 dist.init_process_group("mpi", timeout=timedelta(seconds=30))
 if dist.get_rank() in {missing}:
     time.sleep(8)   # never arrive in time
@@ -122,6 +141,7 @@ except dist.DistTimeoutError as e:
 time.sleep(4)       # let every waiting rank reach its own timeout before anyone exits
 os._exit(0)
 """
+    )
     r = run_mpi(n, script, tmp_path, env={"HPCDIST_ABORT_ON_EXCEPTION": "0"}, limit=60)
     assert not r.timed_out, r.output
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("R0:"))
@@ -130,7 +150,9 @@ os._exit(0)
 
 
 def test_destroy_and_reinit(tmp_path):
-    script = PRELUDE + """
+    script = (
+        PRELUDE
+        + """
 for round in range(3):
     dist.init_process_group("mpi")
     g = dist.new_group([0])
@@ -141,12 +163,15 @@ for round in range(3):
     assert not dist.is_initialized()
 say("REINIT OK")
 """
+    )
     r = run_mpi(2, script, tmp_path, limit=60)
     assert r.returncode == 0 and r.stdout.count("REINIT OK") == 2, r.output
 
 
 def test_tutorial_init_arguments(tmp_path):
-    script = PRELUDE + """
+    script = (
+        PRELUDE
+        + """
 dist.init_process_group("mpi", rank=0, world_size=0)     # the tutorial's call: take both from MPI
 say("TUTORIAL", dist.get_rank(), dist.get_world_size())
 dist.destroy_process_group()
@@ -159,6 +184,7 @@ for kwargs in ({"world_size": 5}, {"rank": 1 - int(os.environ.get("PMI_RANK", "0
     except ValueError as e:
         say("REFUSED", sorted(kwargs))
 """
+    )
     r = run_mpi(2, script, tmp_path, limit=60)
     assert r.returncode == 0, r.output
     assert sorted(ln for ln in r.stdout.splitlines() if ln.startswith("TUTORIAL")) == ["TUTORIAL 0 2", "TUTORIAL 1 2"]
@@ -181,7 +207,9 @@ def test_counts_beyond_int32(tmp_path):
     """2**31 + 16 elements: broadcast, all_reduce and an object of > 2 GiB (MPI-4 large counts)."""
     if _mem_available_gb() < 16:
         pytest.skip(f"needs ~16 GiB of free memory for 2 ranks x 2 GiB buffers, have {_mem_available_gb():.1f}")
-    script = PRELUDE + """
+    script = (
+        PRELUDE
+        + """
 dist.init_process_group("mpi")
 r = dist.get_rank()
 n = 2**31 + 16
@@ -200,12 +228,15 @@ dist.broadcast_object_list(objs, src=0)
 assert objs[0].size == 2**31 + 16 and int(objs[0][-1]) == 7, "object"
 say("LARGE OK", r)
 """
+    )
     res = run_mpi(2, script, tmp_path, limit=380, env={"HPCDIST_WAIT": "poll"})
     assert res.returncode == 0 and res.stdout.count("LARGE OK") == 2, res.output
 
 
 def test_debug_detail_names_mismatched_collectives(tmp_path):
-    script = PRELUDE + """
+    script = (
+        PRELUDE
+        + """
 dist.init_process_group("mpi", timeout=timedelta(seconds=20))
 x = np.ones(4, dtype=np.float32)
 try:
@@ -218,6 +249,7 @@ except dist.DistError as e:
 dist.all_reduce(x)                      # the group is still usable
 say("USABLE", x[0])
 """
+    )
     r = run_mpi(3, script, tmp_path, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, limit=60)
     assert r.returncode == 0 and not r.timed_out, r.output
     for rank in range(3):
@@ -228,7 +260,9 @@ say("USABLE", x[0])
 
 
 def test_shrink_group_excludes_a_rank_that_is_gone(tmp_path):
-    script = PRELUDE + """
+    script = (
+        PRELUDE
+        + """
 dist.init_process_group("mpi", timeout=timedelta(seconds=30))
 if dist.get_rank() == 1:
     time.sleep(6)          # a rank that stopped taking part: it never calls shrink_group
@@ -239,6 +273,7 @@ say("SHRUNK", dist.get_rank(), dist.get_process_group_ranks(g), x[0])
 time.sleep(7)
 os._exit(0)
 """
+    )
     r = run_mpi(3, script, tmp_path, limit=60)
     assert not r.timed_out, r.output
     lines = sorted(ln for ln in r.stdout.splitlines() if ln.startswith("SHRUNK"))

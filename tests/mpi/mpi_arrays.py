@@ -33,7 +33,7 @@ def values(rank: int, size: int, dtype: str, salt: int = 0) -> np.ndarray:
     i = np.arange(size, dtype=np.int64)
     v = (i * 3 + rank * 5 + salt) % 7 + (1 if dtype != "bool" else 0)
     if dtype == "bool":
-        return ((i + rank + salt) % 3 == 0)
+        return (i + rank + salt) % 3 == 0
     if dtype.startswith("complex"):
         return (v + 1j * ((i + rank) % 3)).astype(np.complex128)
     return v.astype(np.float64 if dtype in FLOATS else np.int64)
@@ -50,7 +50,9 @@ def make(kind: str, data: np.ndarray, dtype: str):
 def empty(kind: str, shape, dtype: str):
     if kind == "numpy":
         return np.full(shape, 99, dtype=dtype) if dtype != "bool" else np.zeros(shape, dtype=bool)
-    return torch.full(shape, 99, dtype=getattr(torch, dtype)) if dtype != "bool" else torch.zeros(shape, dtype=torch.bool)
+    return (
+        torch.full(shape, 99, dtype=getattr(torch, dtype)) if dtype != "bool" else torch.zeros(shape, dtype=torch.bool)
+    )
 
 
 def to_np(x) -> np.ndarray:

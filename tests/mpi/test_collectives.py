@@ -196,8 +196,15 @@ def test_barrier(group, members):
 
 def _ref(op, stack: np.ndarray, dtype: str, n: int) -> np.ndarray:
     if dtype == "bool":
-        table = {"SUM": np.any, "MAX": np.any, "BOR": np.any, "PRODUCT": np.all, "MIN": np.all, "BAND": np.all,
-                 "BXOR": lambda s, axis: np.logical_xor.reduce(s, axis=axis)}
+        table = {
+            "SUM": np.any,
+            "MAX": np.any,
+            "BOR": np.any,
+            "PRODUCT": np.all,
+            "MIN": np.all,
+            "BAND": np.all,
+            "BXOR": lambda s, axis: np.logical_xor.reduce(s, axis=axis),
+        }
         return table[op](stack, axis=0)
     s = stack if dtype.startswith("complex") else stack.astype(np.float64 if dtype in FLOATS else np.int64)
     if op == "SUM":
@@ -228,8 +235,9 @@ def _applies(op: str, dtype: str) -> bool:
 OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR", "PREMUL_SUM"]
 
 
-OP_CASES = [(k, d, o) for k in KINDS for d in DTYPES for o in OPS
-            if _applies(o, d) and not (k == "numpy" and d == "bfloat16")]
+OP_CASES = [
+    (k, d, o) for k in KINDS for d in DTYPES for o in OPS if _applies(o, d) and not (k == "numpy" and d == "bfloat16")
+]
 
 
 @pytest.mark.parametrize(("kind", "dtype", "opname"), OP_CASES)

@@ -46,32 +46,72 @@ CASES = [
     ("send to self", lambda: dist.send(np.ones(2), dst=me()), ValueError, ["own rank"]),
     ("recv from self", lambda: dist.recv(np.ones(2), src=me()), ValueError, ["own rank"]),
     ("bad tag", lambda: dist.isend(np.ones(2), dst=(me() + 1) % max(n(), 2), tag=-1), ValueError, ["tag"]),
-    ("list too short", lambda: dist.all_gather([np.ones(2)] * (n() + 1), np.ones(2)), ValueError,
-     ["one array per rank", str(n())]),
+    (
+        "list too short",
+        lambda: dist.all_gather([np.ones(2)] * (n() + 1), np.ones(2)),
+        ValueError,
+        ["one array per rank", str(n())],
+    ),
     ("not a list", lambda: dist.all_gather(np.ones(2), np.ones(2)), TypeError, ["tensor_list"]),
-    ("wrong out size", lambda: dist.all_gather_into_tensor(np.ones(n() * 2 + 1), np.ones(2)), ValueError,
-     ["output_tensor", str(n() * 2)]),
-    ("wrong slot size", lambda: dist.all_gather([np.ones(3) for _ in range(n())], np.ones(2)), ValueError,
-     ["tensor_list"]),
-    ("dtype mismatch", lambda: dist.all_gather_into_tensor(np.ones(2 * n(), dtype=np.float32), np.ones(2)),
-     TypeError, ["float32", "float64"]),
+    (
+        "wrong out size",
+        lambda: dist.all_gather_into_tensor(np.ones(n() * 2 + 1), np.ones(2)),
+        ValueError,
+        ["output_tensor", str(n() * 2)],
+    ),
+    (
+        "wrong slot size",
+        lambda: dist.all_gather([np.ones(3) for _ in range(n())], np.ones(2)),
+        ValueError,
+        ["tensor_list"],
+    ),
+    (
+        "dtype mismatch",
+        lambda: dist.all_gather_into_tensor(np.ones(2 * n(), dtype=np.float32), np.ones(2)),
+        TypeError,
+        ["float32", "float64"],
+    ),
     ("read-only output", lambda: dist.all_reduce(RO), ValueError, ["read-only"]),
     ("unsupported dtype", lambda: dist.all_reduce(np.array(["a", "b"])), TypeError, ["dtype", "<U1"]),
     ("object dtype", lambda: dist.broadcast(np.array([object()]), src=0), TypeError, ["dtype", "object"]),
-    ("byte-swapped dtype", lambda: dist.all_reduce(np.ones(2, dtype=">f8" if np.little_endian else "<f8")),
-     TypeError, ["dtype"]),
+    (
+        "byte-swapped dtype",
+        lambda: dist.all_reduce(np.ones(2, dtype=">f8" if np.little_endian else "<f8")),
+        TypeError,
+        ["dtype"],
+    ),
     ("not an array", lambda: dist.all_reduce([1, 2, 3]), TypeError, ["tensor", "list"]),
     ("bitwise on float", lambda: dist.all_reduce(np.ones(2), op=ReduceOp.BAND), ValueError, ["BAND", "float64"]),
     ("max on complex", lambda: dist.all_reduce(np.ones(2, complex), op=ReduceOp.MAX), ValueError, ["MAX", "complex"]),
     ("not an op", lambda: dist.all_reduce(np.ones(2), op="sum"), TypeError, ["op", "ReduceOp"]),
     ("premul without factor", lambda: dist.all_reduce(np.ones(2), op=ReduceOp.PREMUL_SUM), ValueError, ["factor"]),
-    ("scatter list on non-src", lambda: dist.scatter(np.ones(2), [np.ones(2)] * n(), src=(me() + 1) % n())
-     if n() > 1 else dist.scatter(np.ones(2), None, src=0), ValueError, ["scatter_list"]),
+    (
+        "scatter list on non-src",
+        lambda: (
+            dist.scatter(np.ones(2), [np.ones(2)] * n(), src=(me() + 1) % n())
+            if n() > 1
+            else dist.scatter(np.ones(2), None, src=0)
+        ),
+        ValueError,
+        ["scatter_list"],
+    ),
     ("gather list missing on dst", lambda: dist.gather(np.ones(2), None, dst=me()), ValueError, ["gather_list"]),
-    ("a2a split sum", lambda: dist.all_to_all_single(np.ones(4), np.ones(4), input_split_sizes=[5] + [0] * (n() - 1)),
-     ValueError, ["input_split_sizes", "sums to 5"]),
-    ("a2a indivisible", lambda: dist.all_to_all_single(np.ones(n() * 2 + 1), np.ones(n() * 2 + 1)) if n() > 1
-     else dist.all_to_all_single(np.ones(2), np.ones(2), output_split_sizes=[3]), ValueError, ["split"]),
+    (
+        "a2a split sum",
+        lambda: dist.all_to_all_single(np.ones(4), np.ones(4), input_split_sizes=[5] + [0] * (n() - 1)),
+        ValueError,
+        ["input_split_sizes", "sums to 5"],
+    ),
+    (
+        "a2a indivisible",
+        lambda: (
+            dist.all_to_all_single(np.ones(n() * 2 + 1), np.ones(n() * 2 + 1))
+            if n() > 1
+            else dist.all_to_all_single(np.ones(2), np.ones(2), output_split_sizes=[3])
+        ),
+        ValueError,
+        ["split"],
+    ),
     ("rs wrong input", lambda: dist.reduce_scatter_tensor(np.ones(2), np.ones(2 * n() + 1)), ValueError, ["input"]),
     ("barrier bad timeout", lambda: dist.barrier(timeout=5), TypeError, ["timedelta"]),
     ("group bad type", lambda: dist.all_reduce(np.ones(2), group="world"), TypeError, ["ProcessGroup"]),

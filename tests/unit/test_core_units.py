@@ -31,14 +31,17 @@ def test_import_does_no_mpi_work():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
-@pytest.mark.parametrize("call", [
-    lambda: dist.all_reduce(np.ones(2)),
-    lambda: dist.get_rank(),
-    lambda: dist.get_world_size(),
-    lambda: dist.broadcast_object_list([1], src=0),
-    lambda: dist.new_group([0]),
-    lambda: dist.send(np.ones(1), dst=1),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: dist.all_reduce(np.ones(2)),
+        lambda: dist.get_rank(),
+        lambda: dist.get_world_size(),
+        lambda: dist.broadcast_object_list([1], src=0),
+        lambda: dist.new_group([0]),
+        lambda: dist.send(np.ones(1), dst=1),
+    ],
+)
 def test_calls_before_init_raise(call):
     assert not dist.is_initialized()
     with pytest.raises(ValueError, match="init_process_group"):
@@ -52,8 +55,17 @@ def test_all_names_exported():
 
     ref_file = Path(__file__).resolve().parents[3] / "shared" / "reference" / "torch_distributed_2.13_api.txt"
     ref = ref_file.read_text() if ref_file.exists() else ""
-    needed = ["init_process_group", "all_reduce", "all_to_all_single", "batch_isend_irecv", "monitored_barrier",
-              "new_subgroups_by_enumeration", "split_group", "reduce_scatter_tensor", "scatter_object_list"]
+    needed = [
+        "init_process_group",
+        "all_reduce",
+        "all_to_all_single",
+        "batch_isend_irecv",
+        "monitored_barrier",
+        "new_subgroups_by_enumeration",
+        "split_group",
+        "reduce_scatter_tensor",
+        "scatter_object_list",
+    ]
     for name in needed:
         assert name in dist.__all__ and (not ref or name in ref)
 
@@ -73,13 +85,16 @@ def test_reduce_op_names_and_premul():
         ReduceOp.PREMUL_SUM("x")
 
 
-@pytest.mark.parametrize(("op", "dtype", "err"), [
-    (ReduceOp.BAND, "float32", "bitwise"),
-    (ReduceOp.BXOR, "bfloat16", "bitwise"),
-    (ReduceOp.MIN, "complex64", "complex"),
-    (ReduceOp.PRODUCT, "complex128", "complex"),
-    (ReduceOp.AVG, "bool", "bool"),
-])
+@pytest.mark.parametrize(
+    ("op", "dtype", "err"),
+    [
+        (ReduceOp.BAND, "float32", "bitwise"),
+        (ReduceOp.BXOR, "bfloat16", "bitwise"),
+        (ReduceOp.MIN, "complex64", "complex"),
+        (ReduceOp.PRODUCT, "complex128", "complex"),
+        (ReduceOp.AVG, "bool", "bool"),
+    ],
+)
 def test_op_dtype_errors(op, dtype, err):
     with pytest.raises(ValueError, match=err):
         resolve_op(op, dtype)
@@ -102,12 +117,17 @@ def test_bfloat16_rounding_matches_torch():
     if torch is None:
         pytest.skip("torch is not installed: it is the independent reference for bfloat16 rounding")
     rng = np.random.default_rng(0)
-    x = np.concatenate([rng.standard_normal(10000).astype(np.float32) * 1e3,
-                        np.array([0.0, -0.0, np.inf, -np.inf, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 3.4e38, 1e-40],
-                                 dtype=np.float32)])
+    x = np.concatenate(
+        [
+            rng.standard_normal(10000).astype(np.float32) * 1e3,
+            np.array([0.0, -0.0, np.inf, -np.inf, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 3.4e38, 1e-40], dtype=np.float32),
+        ]
+    )
     want = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     assert np.array_equal(f32_to_bf16_bits(x), want)
-    assert np.array_equal(bf16_bits_to_f32(want), torch.from_numpy(want.view(np.int16)).view(torch.bfloat16).float().numpy())
+    assert np.array_equal(
+        bf16_bits_to_f32(want), torch.from_numpy(want.view(np.int16)).view(torch.bfloat16).float().numpy()
+    )
     nan = f32_to_bf16_bits(np.array([np.nan], dtype=np.float32))
     assert np.isnan(bf16_bits_to_f32(nan))[0]
 
@@ -242,13 +262,16 @@ def test_register_backend():
         Backend.register_backend("other", 3)
 
 
-@pytest.mark.parametrize(("name", "value", "fn"), [
-    ("HPCDIST_TIMEOUT", "soon", "default_timeout"),
-    ("HPCDIST_TIMEOUT", "-1", "default_timeout"),
-    ("HPCDIST_ABORT_ON_EXCEPTION", "maybe", "abort_on_exception"),
-    ("HPCDIST_WAIT", "spin", "wait_mode"),
-    ("HPCDIST_OBJECT_UNPICKLER", "some", "object_unpickler"),
-])
+@pytest.mark.parametrize(
+    ("name", "value", "fn"),
+    [
+        ("HPCDIST_TIMEOUT", "soon", "default_timeout"),
+        ("HPCDIST_TIMEOUT", "-1", "default_timeout"),
+        ("HPCDIST_ABORT_ON_EXCEPTION", "maybe", "abort_on_exception"),
+        ("HPCDIST_WAIT", "spin", "wait_mode"),
+        ("HPCDIST_OBJECT_UNPICKLER", "some", "object_unpickler"),
+    ],
+)
 def test_bad_knobs_name_themselves(monkeypatch, name, value, fn):
     from hpcdist import config
 

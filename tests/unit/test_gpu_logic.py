@@ -307,7 +307,11 @@ class _CAI:
 
     def __init__(self, typestr="<f4", readonly=False):
         self.__cuda_array_interface__ = {
-            "shape": (4,), "typestr": typestr, "data": (0x7F0000000000, readonly), "version": 3, "strides": None,
+            "shape": (4,),
+            "typestr": typestr,
+            "data": (0x7F0000000000, readonly),
+            "version": 3,
+            "strides": None,
         }
 
 
