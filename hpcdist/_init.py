@@ -205,32 +205,27 @@ def is_initialized() -> bool:
     return WORLD.default_pg is not None
 
 
+def _member_pg(group: Any, what: str) -> ProcessGroup | None:
+    """``group`` (None: the world) or None when this rank is not a member; raises before init."""
+    if WORLD.default_pg is None:
+        raise not_initialized()
+    if group is None:
+        return WORLD.default_pg
+    if group is GroupMember.NON_GROUP_MEMBER:  # torch: -1, no warning
+        return None
+    return resolve_group(group, what)
+
+
 def get_rank(group: Any = None) -> int:
     """This process's rank in ``group`` (default: the world); -1 for a non-member."""
-    if group is GroupMember.NON_GROUP_MEMBER:  # torch: -1, no warning
-        if WORLD.default_pg is None:
-            raise not_initialized()
-        return -1
-    pg = resolve_group(group, "get_rank") if group is not None else WORLD.default_pg
-    if pg is None:
-        if WORLD.default_pg is None:
-            raise not_initialized()
-        return -1
-    return pg._rank
+    pg = _member_pg(group, "get_rank")
+    return -1 if pg is None else pg._rank
 
 
 def get_world_size(group: Any = None) -> int:
     """The number of ranks in ``group`` (default: the world); -1 for a non-member."""
-    if group is GroupMember.NON_GROUP_MEMBER:  # torch: -1, no warning
-        if WORLD.default_pg is None:
-            raise not_initialized()
-        return -1
-    pg = resolve_group(group, "get_world_size") if group is not None else WORLD.default_pg
-    if pg is None:
-        if WORLD.default_pg is None:
-            raise not_initialized()
-        return -1
-    return pg._size
+    pg = _member_pg(group, "get_world_size")
+    return -1 if pg is None else pg._size
 
 
 def get_backend(group: Any = None) -> str:
