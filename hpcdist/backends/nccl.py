@@ -214,6 +214,10 @@ class NCCLEngine:
     # -- barrier: MPI --------------------------------------------------------------
 
     def barrier(self, sync: bool = False) -> Any:
+        """An MPI barrier after this rank's queued GPU work finished (torch's NCCL barrier blocks the host too)."""
+        from ..gpu.streams import require_cupy
+
+        require_cupy("barrier on an NCCL group").cuda.Device().synchronize()  # every stream of this GPU
         if self._host is None:
             from .mpi import MPIEngine
 
