@@ -42,7 +42,8 @@ def test_run_sets_torchrun_variables_and_passes_args(tmp_path):
         """
         import os, sys
         keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-        print("ENV", *(os.environ[k] for k in keys), *sys.argv[1:], flush=True)
+        line = " ".join(["ENV", *(os.environ[k] for k in keys), *sys.argv[1:]]) + chr(10)
+        os.write(1, line.encode())  # one write: the two ranks' lines cannot interleave
         """,
     )
     proc = hpcdist("run", "-n", "2", script, "-n", "7", "--x")
