@@ -60,12 +60,13 @@ def test_run_forms_one_world_and_prefixes_output(tmp_path):
         tmp_path,
         "world.py",
         """
+        import sys
         import numpy as np
         import hpcdist as dist
         dist.init_process_group("mpi")
         x = np.array([dist.get_rank() + 1.0])
         dist.all_reduce(x)
-        print(f"size {dist.get_world_size()} sum {x[0]:g}")
+        sys.stdout.write(f"size {dist.get_world_size()} sum {x[0]:g}" + chr(10))  # one write per line
         dist.destroy_process_group()
         """,
     )
