@@ -12,7 +12,7 @@ serves and the others are clients). Rows:
 Every row is run ``--repeat`` times and the best rate is printed (the
 machine may be shared). ``set`` is not acknowledged in either store.
 
-Usage: python benchmarks/bench_store.py [--ops 5000] [--clients 64] [--procs 4] [--repeat 3] [--no-torch]
+Usage: python examples/benchmarks/bench_store.py [--ops 5000] [--clients 64] [--procs 4] [--repeat 3] [--no-torch]
 Prints a Markdown table. Not a test: nothing is asserted.
 """
 

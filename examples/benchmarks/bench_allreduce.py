@@ -1,6 +1,6 @@
 """OSU-style all_reduce latency/bandwidth: hpcdist beside raw mpi4py (and torch's gloo).
 
-Run:  mpiexec -n 2 python benchmarks/bench_allreduce.py [--max-bytes N] [--gloo]
+Run:  mpiexec -n 2 python examples/benchmarks/bench_allreduce.py [--max-bytes N] [--gloo]
 
 For each message size from 8 B to 64 MiB (float64 arrays, SUM) it times, on
 the same buffers, raw ``Comm.Allreduce(IN_PLACE, ...)`` on a Dup of

@@ -9,7 +9,7 @@ ports (``hpcdist-preinit``: the same with mpi4py imported, so MPI initialised,
 before the clock starts); torch's is gloo's ``init_process_group`` (TCP store, gloo
 connections). Each run ends with a check all_reduce (not timed).
 
-Usage: python benchmarks/bench_init.py [--sizes 2,4,8] [--repeat 3] [--lib hpcdist,torch]
+Usage: python examples/benchmarks/bench_init.py [--sizes 2,4,8] [--repeat 3] [--lib hpcdist,torch]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Ping-pong latency/bandwidth: hpcdist send/recv beside raw mpi4py Send/Recv.
 
-Run:  mpiexec -n 2 python benchmarks/bench_p2p.py [--max-bytes N] [--rounds R]
+Run:  mpiexec -n 2 python examples/benchmarks/bench_p2p.py [--max-bytes N] [--rounds R]
 
 Ranks 0 and 1 bounce a float64 buffer; the time per one-way trip is half a
 round trip. Raw mpi4py and hpcdist run interleaved in rounds on the same

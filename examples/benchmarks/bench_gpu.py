@@ -5,7 +5,7 @@ bandwidth (2(n-1)/n x bytes / time) and hpcdist's ratio to the raw binding.
 The MPI columns use device pointers when the MPI is CUDA-aware, else the
 raw baseline stages through a pinned host buffer by hand (as hpcdist does).
 
-    mpiexec -n 2 python benchmarks/bench_gpu.py [--max-mib 256] [--repeats 5]
+    mpiexec -n 2 python examples/benchmarks/bench_gpu.py [--max-mib 256] [--repeats 5]
 
 Exits 0 with a message where there is no GPU or no CuPy.
 """
