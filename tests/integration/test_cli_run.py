@@ -80,7 +80,7 @@ def test_run_module_form(tmp_path):
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("")
     (tmp_path / "mypkg" / "job.py").write_text(
-        "import os, sys\nprint('MOD', __name__, os.environ['RANK'], sys.argv[1:])\n"
+        "import os, sys\nos.write(1, f\"MOD {__name__} {os.environ['RANK']} {sys.argv[1:]}\\n\".encode())\n"
     )
     proc = hpcdist("run", "-n", "2", "-m", "mypkg.job", "a", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
