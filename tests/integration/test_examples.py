@@ -28,9 +28,13 @@ needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed
 
 
 def run_example(
-    name: str, *args: str, cwd: Path, n: int = 2, timeout: int = 150, unbuffered: bool = True
+    name: str, *args: str, cwd: Path, n: int = 2, timeout: int = 150, unbuffered: bool = False
 ) -> subprocess.CompletedProcess:
-    """Run ``examples/name`` on ``n`` ranks; kill the whole launch after ``timeout`` s; require exit 0."""
+    """Run ``examples/name`` on ``n`` ranks; kill the whole launch after ``timeout`` s; require exit 0.
+
+    Output is block-buffered by default: each rank then writes its lines in one piece at exit, so lines of
+    different ranks cannot interleave (under PYTHONUNBUFFERED each print is several writes).
+    """
     mpiexec = find_mpiexec()
     if mpiexec is None:
         pytest.skip("no mpiexec found")
