@@ -81,6 +81,16 @@ def _same(a: Buf, b: Buf, aname: str, bname: str) -> None:
         raise ValueError(f"{aname} and {bname} are on different devices; put both on one device")
 
 
+def _group_multiple(pg: ProcessGroup, big: Buf, big_name: str, small: Buf, small_name: str) -> None:
+    """``big`` must hold group size x ``small``'s elements (the *_tensor collectives)."""
+    want = small.arr.size * pg._size
+    if big.arr.size != want:
+        raise ValueError(
+            f"{big_name} must have group size x {small_name} size = {pg._size} x {small.arr.size} = {want} "
+            f"elements, got {big.arr.size}"
+        )
+
+
 def _list_len(lst: Any, n: int, argname: str) -> None:
     if not isinstance(lst, (list, tuple)):
         raise TypeError(f"{argname} must be a list of {n} arrays (one per rank of the group), got {type(lst).__name__}")
@@ -223,11 +233,7 @@ def all_gather_into_tensor(
     inp = adapt(input_tensor, "input_tensor", False)
     out = adapt(output_tensor, "output_tensor", True)
     _same(out, inp, "output_tensor", "input_tensor")
-    if out.arr.size != inp.arr.size * pg._size:
-        raise ValueError(
-            f"output_tensor must have group size x input size = {pg._size} x {inp.arr.size} = "
-            f"{pg._size * inp.arr.size} elements, got {out.arr.size}"
-        )
+    _group_multiple(pg, out, "output_tensor", inp, "input")
     return _done(_engine(pg, inp, "all_gather_into").all_gather_into(out, inp, sync=not async_op), async_op)
 
 
@@ -362,11 +368,7 @@ def reduce_scatter_tensor(
     out = adapt(output, "output", True)
     inp = adapt(input, "input", False)
     _same(out, inp, "output", "input")
-    if inp.arr.size != out.arr.size * pg._size:
-        raise ValueError(
-            f"input must have group size x output size = {pg._size} x {out.arr.size} = {pg._size * out.arr.size} "
-            f"elements, got {inp.arr.size}"
-        )
+    _group_multiple(pg, inp, "input", out, "output")
     rop = resolve_op(op, out.dtype)
     return _done(
         _engine(pg, out, "reduce_scatter_tensor").reduce_scatter_tensor(out, inp, rop, sync=not async_op), async_op
