@@ -19,7 +19,8 @@ import numpy as np
 
 from .._watchdog import WATCHDOG
 from ..buffers.adapters import Buf
-from ..buffers.dtypes import HALF_DTYPES, mpi_datatype, narrow_into, widen
+from ..buffers.dtypes import HALF_DTYPES, mpi_datatype
+from ..buffers.reduction import finish_reduce, premultiply, prepare, widen
 from ..ops import ResolvedOp
 from ..work import Work, timeout_error, wait_requests
 from . import register_builtin
@@ -42,37 +43,6 @@ def _mpi_op(name: str) -> Any:
 
 def _msg(arr: Any) -> list[Any]:
     return [arr, mpi_datatype(arr.dtype)]
-
-
-def _scale_average(arr: np.ndarray, n: int) -> None:
-    if arr.dtype.kind in "fc":
-        arr /= n
-    else:  # integer AVG truncates toward zero, as NCCL does
-        np.copyto(arr, np.trunc(arr / n), casting="unsafe")
-
-
-def _prepare(buf: Buf, rop: ResolvedOp, copy: bool) -> np.ndarray:
-    """The array MPI reduces: widened for half floats, premultiplied, or a copy."""
-    if buf.dtype in HALF_DTYPES:
-        work = widen(buf.arr, buf.dtype)
-    elif copy or rop.premul is not None:
-        work = buf.arr.copy()
-    else:
-        work = buf.arr
-    if rop.premul is not None:
-        np.multiply(work, rop.premul, out=work, casting="unsafe")
-    return work
-
-
-def _finish_reduce(dst: Buf, work: np.ndarray, rop: ResolvedOp, n: int) -> None:
-    if rop.average:
-        _scale_average(work, n)
-    if dst.dtype in HALF_DTYPES:
-        narrow_into(dst.arr, work, dst.dtype)
-    elif work is not dst.arr:
-        dst.arr[...] = work.reshape(dst.arr.shape)
-    if dst.writeback is not None:
-        dst.writeback()
 
 
 def _writeback(bufs: list[Buf]) -> None:
@@ -147,24 +117,24 @@ class MPIEngine:
                     WATCHDOG.deadline = 0.0
                 return None
             return self._run(sync, c.Iallreduce, c.Allreduce, args, None, buf, "all_reduce", buf.obj)
-        work = _prepare(buf, rop, copy=False)
+        work = prepare(buf, rop, copy=False)
         size = c.Get_size()
 
         def post() -> None:
-            _finish_reduce(buf, work, rop, size)
+            finish_reduce(buf, work, rop, size)
 
         args = (_IN_PLACE, [work, _reduce_type(work)], _mpi_op(rop.mpi_name))
         return self._run(sync, c.Iallreduce, c.Allreduce, args, post, (buf, work), "all_reduce", buf.obj)
 
     def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work | None:
         c = self.comm
-        work = _prepare(buf, rop, copy=False)
+        work = prepare(buf, rop, copy=False)
         op = _mpi_op(rop.mpi_name)
         if c.Get_rank() == root:
             size = c.Get_size()
 
             def post() -> None:
-                _finish_reduce(buf, work, rop, size)
+                finish_reduce(buf, work, rop, size)
 
             args: tuple = (_IN_PLACE, [work, _reduce_type(work)], op, root)
             return self._run(sync, c.Ireduce, c.Reduce, args, post, (buf, work), "reduce", buf.obj)
@@ -227,12 +197,12 @@ class MPIEngine:
         counts = [b.arr.size for b in ins]
         send = np.concatenate([widen(b.arr, b.dtype).reshape(-1) for b in ins]) if half else _pack(ins, out.arr.dtype)
         if rop.premul is not None:
-            np.multiply(send, rop.premul, out=send, casting="unsafe")
+            premultiply(send, rop.premul)
         recv = np.empty(out.arr.size, dtype=send.dtype) if (half or out.writeback is not None) else out.arr
         size = c.Get_size()
 
         def post() -> None:
-            _finish_reduce(out, recv, rop, size)
+            finish_reduce(out, recv, rop, size)
 
         args = (_msg(send), [recv, mpi_datatype(recv.dtype)], counts, _mpi_op(rop.mpi_name))
         return self._run(
@@ -242,12 +212,12 @@ class MPIEngine:
     def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
         c = self.comm
         half = out.dtype in HALF_DTYPES
-        send = _prepare(inp, rop, copy=False)
+        send = prepare(inp, rop, copy=False)
         recv = np.empty(out.arr.size, dtype=send.dtype) if (half or out.writeback is not None) else out.arr
         size = c.Get_size()
 
         def post() -> None:
-            _finish_reduce(out, recv, rop, size)
+            finish_reduce(out, recv, rop, size)
 
         args = (_msg(send), [recv, mpi_datatype(recv.dtype)], _mpi_op(rop.mpi_name))
         return self._run(

@@ -2,8 +2,8 @@
 
 MPI has no bfloat16 and (portably) no float16. For data movement hpcdist
 sends their 16-bit patterns as ``MPI_UINT16_T``; for reductions it widens to
-float32, reduces, and rounds once back to nearest-even. It never reduces
-half floats as int16 (Heat's mistake).
+float32, reduces, and rounds once back to nearest-even (:mod:`.reduction`).
+It never reduces half floats as int16 (Heat's mistake).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HALF_DTYPES", "bf16_bits_to_f32", "f32_to_bf16_bits", "mpi_datatype", "widen", "narrow_into"]
+__all__ = ["HALF_DTYPES", "dtype_info", "mpi_datatype", "supported"]
 
 #: logical dtypes that MPI cannot reduce natively
 HALF_DTYPES = frozenset({"float16", "bfloat16"})
@@ -78,33 +78,3 @@ def mpi_datatype(dtype: np.dtype) -> Any:
 def supported(dtype: np.dtype) -> bool:
     """Whether arrays of this numpy dtype can be communicated."""
     return dtype_info(dtype) is not None
-
-
-def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bit patterns (uint16) -> float32 values (exact)."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns, round to nearest even; NaN stays NaN."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = ((u + (((u >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
-    nan = np.isnan(x)
-    if nan.any():
-        rounded[nan] = ((u[nan] >> 16) | 0x0040).astype(np.uint16)
-    return rounded
-
-
-def widen(arr: np.ndarray, dtype: str) -> np.ndarray:
-    """A float32 copy of a float16/bfloat16 array for reduction."""
-    if dtype == "bfloat16":
-        return bf16_bits_to_f32(arr)
-    return arr.astype(np.float32)
-
-
-def narrow_into(dst: np.ndarray, wide: np.ndarray, dtype: str) -> None:
-    """Round the float32 result back into the half-precision array ``dst``."""
-    if dtype == "bfloat16":
-        dst[...] = f32_to_bf16_bits(wide).reshape(dst.shape)
-    else:
-        dst[...] = wide.astype(np.float16).reshape(dst.shape)

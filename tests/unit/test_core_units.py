@@ -12,7 +12,7 @@ import hpcdist as dist
 from hpcdist import ReduceOp
 from hpcdist.backends import Backend, parse_backend
 from hpcdist.buffers import adapt
-from hpcdist.buffers.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
+from hpcdist.buffers.reduction import bf16_bits_to_f32, f32_to_bf16_bits
 from hpcdist.ops import resolve_op, supports_complex
 from hpcdist.work import Future, completed_work
 
