@@ -98,6 +98,22 @@ def _list_len(lst: Any, n: int, argname: str) -> None:
         raise ValueError(f"{argname} must hold one array per rank of the group ({n}), got {len(lst)}")
 
 
+def _per_rank(
+    pg: ProcessGroup, lst: Any, argname: str, write: bool, ref: Buf, refname: str, slot: int | None = None
+) -> list[Buf]:
+    """A list argument with one array per group rank, of ``ref``'s dtype and device, whose entry ``slot``
+    (default: this rank's) has ``ref``'s size."""
+    _list_len(lst, pg._size, argname)
+    bufs = adapt_list(lst, argname, write)
+    _same_kind(ref, bufs, argname)
+    k = pg._rank if slot is None else slot
+    if bufs[k].arr.size != ref.arr.size:
+        raise ValueError(
+            f"{argname}[{k}] has {bufs[k].arr.size} elements but {refname} has {ref.arr.size}; they must match"
+        )
+    return bufs
+
+
 # ------------------------------------------------------------------ broadcast / reductions
 
 
@@ -211,15 +227,8 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
     pg = resolve_group(group, "all_gather")
     if pg is None:
         return None
-    _list_len(tensor_list, pg._size, "tensor_list")
     inp = adapt(tensor, "tensor", False)
-    outs = adapt_list(tensor_list, "tensor_list", True)
-    _same_kind(inp, outs, "tensor_list")
-    if outs[pg._rank].arr.size != inp.arr.size:
-        raise ValueError(
-            f"tensor_list[{pg._rank}] (this rank's slot) has {outs[pg._rank].arr.size} elements but tensor has "
-            f"{inp.arr.size}; they must match"
-        )
+    outs = _per_rank(pg, tensor_list, "tensor_list", True, inp, "tensor")
     return _done(_engine(pg, inp, "all_gather").all_gather(outs, inp, sync=not async_op), async_op)
 
 
@@ -258,12 +267,8 @@ def all_gather_coalesced(
         )
     checked = []
     for i, (outl, inp_obj) in enumerate(zip(output_tensor_lists, input_tensor_list)):
-        _list_len(outl, pg._size, f"output_tensor_lists[{i}]")
         inp = adapt(inp_obj, f"input_tensor_list[{i}]", False)
-        outs = adapt_list(outl, f"output_tensor_lists[{i}]", True)
-        _same_kind(inp, outs, f"output_tensor_lists[{i}]")
-        if outs[pg._rank].arr.size != inp.arr.size:
-            raise ValueError(f"output_tensor_lists[{i}][{pg._rank}] must have the size of input_tensor_list[{i}]")
+        outs = _per_rank(pg, outl, f"output_tensor_lists[{i}]", True, inp, f"input_tensor_list[{i}]")
         checked.append((outs, inp))
     works = [_engine(pg, inp, "all_gather").all_gather(outs, inp, sync=False) for outs, inp in checked]
     return _done(combine(works, "all_gather_coalesced", pg), async_op)
@@ -279,12 +284,7 @@ def _root_list(
         return None
     if lst is None:
         raise ValueError(f"{argname} is required on the {role} rank (one array per rank of the group)")
-    _list_len(lst, pg._size, argname)
-    bufs = adapt_list(lst, argname, write)
-    _same_kind(ref, bufs, argname)
-    if bufs[root].arr.size != ref.arr.size:
-        raise ValueError(f"{argname}[{root}] must have tensor's size {ref.arr.size}, got {bufs[root].arr.size}")
-    return bufs
+    return _per_rank(pg, lst, argname, write, ref, "tensor", slot=root)
 
 
 def gather(
@@ -345,15 +345,8 @@ def reduce_scatter(
     pg = resolve_group(group, "reduce_scatter")
     if pg is None:
         return None
-    _list_len(input_list, pg._size, "input_list")
     out = adapt(output, "output", True)
-    ins = adapt_list(input_list, "input_list", False)
-    _same_kind(out, ins, "input_list")
-    if ins[pg._rank].arr.size != out.arr.size:
-        raise ValueError(
-            f"input_list[{pg._rank}] (this rank's slot) has {ins[pg._rank].arr.size} elements but output has "
-            f"{out.arr.size}; they must match"
-        )
+    ins = _per_rank(pg, input_list, "input_list", False, out, "output")
     rop = resolve_op(op, out.dtype)
     return _done(_engine(pg, out, "reduce_scatter").reduce_scatter(out, ins, rop, sync=not async_op), async_op)
 
