@@ -26,7 +26,7 @@ import numpy as np
 from . import config
 from ._world import WORLD, not_initialized
 from .backends import backend_factory, parse_backend
-from .errors import DistBackendError, DistTimeoutError
+from .errors import DistTimeoutError
 from .work import wait_requests
 
 __all__ = [
@@ -234,10 +234,6 @@ def group_rank(pg: ProcessGroup, glob: Any, grp: Any, name: str) -> int:
             f"{pg._ranks if pg._size <= 16 else f'({pg._size} ranks)'}"
         )
     return r
-
-
-def _world_pg() -> ProcessGroup:
-    return default_pg()
 
 
 def _timed_barrier(comm: Any, timeout_s: float, what: str) -> None:
@@ -521,8 +517,3 @@ def _as_pg(group: Any, what: str) -> ProcessGroup:
 def destroy_group(pg: ProcessGroup) -> None:
     WORLD.groups.pop(pg.group_name, None)
     pg._free()
-
-
-def check_usable(pg: ProcessGroup) -> None:
-    if pg._destroyed:
-        raise DistBackendError(f"group {pg.group_name!r} was destroyed")

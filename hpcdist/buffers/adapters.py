@@ -23,7 +23,7 @@ import numpy as np
 
 from .dtypes import dtype_info, supported
 
-__all__ = ["TORCH_DEVICE_ADAPTERS", "Buf", "adapt", "adapt_list", "numel", "register_adapter"]
+__all__ = ["TORCH_DEVICE_ADAPTERS", "Buf", "adapt", "adapt_list", "register_adapter"]
 
 
 class Buf:
@@ -128,10 +128,6 @@ def adapt_list(objs: Any, argname: str, write: bool) -> list[Buf]:
     if not isinstance(objs, (list, tuple)):
         raise TypeError(f"{argname} must be a list of arrays, got {type(objs).__name__}")
     return [adapt(o, f"{argname}[{i}]", write) for i, o in enumerate(objs)]
-
-
-def numel(buf: Buf) -> int:
-    return int(buf.arr.size)
 
 
 # ---------------------------------------------------------------- NumPy (host)
