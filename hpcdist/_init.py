@@ -11,12 +11,12 @@ intracommunicator, duplicated for hpcdist's own use.
 from __future__ import annotations
 
 import sys
-import time
 import traceback
 from datetime import timedelta
 from typing import Any
 
 from . import config
+from ._watchdog import abort_job
 from ._world import WORLD, not_initialized
 from .backends import parse_backend
 from .debug import set_debug_level_from_env
@@ -141,19 +141,11 @@ def _install_abort_hook() -> None:
         r = pg.rank()
         text = "".join(traceback.format_exception(exc_type, exc, tb))
         prefixed = "".join(f"[rank {r}] {line}\n" for line in text.rstrip("\n").split("\n"))
-        try:
-            sys.stdout.flush()  # what the program printed is not lost to MPI_Abort
-            sys.stderr.write(prefixed)
-            sys.stderr.write(
-                f"[rank {r}] hpcdist: unhandled exception; aborting the MPI job so the other ranks do not hang "
-                "(set HPCDIST_ABORT_ON_EXCEPTION=0 to turn this off)\n"
-            )
-            sys.stderr.flush()
-            time.sleep(0.5)  # let the launcher forward this output before MPI_Abort tears the job down
-        finally:
-            from mpi4py import MPI
-
-            MPI.COMM_WORLD.Abort(1) if MPI.COMM_WORLD.Get_size() > 1 else pg._comm.Abort(1)
+        abort_job(
+            prefixed + f"[rank {r}] hpcdist: unhandled exception; aborting the MPI job so the other ranks do not "
+            "hang (set HPCDIST_ABORT_ON_EXCEPTION=0 to turn this off)\n",
+            1,
+        )
 
     sys.excepthook = hook
 

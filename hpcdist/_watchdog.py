@@ -58,16 +58,34 @@ class Watchdog:
     def _fire(self) -> None:
         what = self.what
         desc = what if isinstance(what, str) else f"{what[0]} on {what[1]!r}"
-        sys.stderr.write(
+        abort_job(
             f"hpcdist.DistTimeoutError: {desc} did not complete within {self.limit:g}s: a peer may have died, be "
             "stuck, or have called a different operation. Ending the job (MPI_Abort) because a blocking MPI call "
-            "cannot be interrupted (HPCDIST_WAIT=block); use HPCDIST_WAIT=poll to get a catchable exception.\n"
+            "cannot be interrupted (HPCDIST_WAIT=block); use HPCDIST_WAIT=poll to get a catchable exception.\n",
+            124,
         )
+
+
+def abort_job(text: str, code: int) -> None:
+    """Print ``text`` to stderr and end the whole job with ``MPI_Abort(code)``.
+
+    Flushes what the program printed first and gives the launcher a moment to
+    forward the output. Aborts COMM_WORLD, or the world hpcdist joined over
+    ports when this process was started without a launcher.
+    """
+    try:
+        sys.stdout.flush()
+        sys.stderr.write(text)
         sys.stderr.flush()
-        time.sleep(0.5)  # let the launcher forward the message before MPI_Abort tears the job down
+        time.sleep(0.5)  # let the launcher forward the output before MPI_Abort tears the job down
+    finally:
         from mpi4py import MPI
 
-        MPI.COMM_WORLD.Abort(124)
+        from ._world import WORLD
+
+        pg = WORLD.default_pg
+        comm = pg._comm if pg is not None and MPI.COMM_WORLD.Get_size() == 1 else MPI.COMM_WORLD
+        comm.Abort(code)
 
 
 WATCHDOG = Watchdog()

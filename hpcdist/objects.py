@@ -25,7 +25,7 @@ import numpy as np
 from . import config
 from .errors import DistTimeoutError
 from .group import ProcessGroup, group_rank, resolve_group
-from .work import wait_requests
+from .work import timeout_error, wait_requests
 
 __all__ = [
     "all_gather_object",
@@ -137,10 +137,7 @@ def loads(arr: np.ndarray) -> Any:
 
 def _wait(pg: ProcessGroup, reqs: list[Any], what: str) -> None:
     if not wait_requests(reqs, pg._timeout_s):
-        raise DistTimeoutError(
-            f"{what} on {pg!r} did not complete within {pg._timeout_s:g}s: a peer may have died or called a "
-            "different collective"
-        )
+        raise timeout_error((what, pg), pg._timeout_s)
 
 
 def _counts_displs(lengths: np.ndarray) -> tuple[list[int], list[int]]:
