@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .buffers.adapters import Buf, adapt, adapt_list
+from .buffers.packing import pack, unpack
 from .debug import DETAIL, check_collective
 from .group import ProcessGroup, group_rank, resolve_group
 from .ops import RedOpType, resolve_op
@@ -184,18 +185,8 @@ def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, a
     if bufs[0].device != "cpu":
         works = [_engine(pg, b, "all_reduce").all_reduce(b, rop, sync=False) for b in bufs]
         return _done(combine(works, "all_reduce_coalesced", pg), async_op)
-    flat = np.concatenate([b.arr.reshape(-1) for b in bufs])
-
-    def unpack() -> None:
-        pos = 0
-        for b in bufs:
-            n = b.arr.size
-            b.arr.reshape(-1)[...] = flat[pos : pos + n]
-            pos += n
-            if b.writeback is not None:
-                b.writeback()
-
-    packed = Buf(flat, tensors, bufs[0].dtype, "cpu", unpack)
+    flat = pack(bufs, bufs[0].arr.dtype)
+    packed = Buf(flat, tensors, bufs[0].dtype, "cpu", lambda: unpack(flat, bufs))
     return _done(pg.engine("cpu").all_reduce(packed, rop, sync=not async_op), async_op)
 
 

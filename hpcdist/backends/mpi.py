@@ -20,6 +20,8 @@ import numpy as np
 from .._watchdog import WATCHDOG
 from ..buffers.adapters import Buf
 from ..buffers.dtypes import HALF_DTYPES, mpi_datatype
+from ..buffers.packing import pack as _pack
+from ..buffers.packing import unpack as _unpack
 from ..buffers.reduction import finish_reduce, premultiply, prepare, widen
 from ..ops import ResolvedOp
 from ..work import Work, timeout_error, wait_requests
@@ -43,12 +45,6 @@ def _mpi_op(name: str) -> Any:
 
 def _msg(arr: Any) -> list[Any]:
     return [arr, mpi_datatype(arr.dtype)]
-
-
-def _writeback(bufs: list[Buf]) -> None:
-    for b in bufs:
-        if b.writeback is not None:
-            b.writeback()
 
 
 def _reduce_type(arr: np.ndarray) -> Any:
@@ -317,21 +313,6 @@ def _displs(counts: list[int]) -> list[int]:
         out.append(pos)
         pos += n
     return out
-
-
-def _pack(bufs: list[Buf], dtype: np.dtype) -> np.ndarray:
-    if not bufs:
-        return np.empty(0, dtype=dtype)
-    return np.concatenate([b.arr.reshape(-1) for b in bufs])
-
-
-def _unpack(flat: np.ndarray, outs: list[Buf]) -> None:
-    pos = 0
-    for o in outs:
-        n = o.arr.size
-        o.arr.reshape(-1)[...] = flat[pos : pos + n]
-        pos += n
-    _writeback(outs)
 
 
 def _factory(pg: Any, device_type: str) -> Any:

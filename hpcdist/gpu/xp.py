@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..buffers.adapters import Buf
+from ..buffers.packing import pack as _pack
+from ..buffers.packing import unpack
 from ..buffers.reduction import finish_reduce, narrow_into, premultiply, prepare, scale_average, widen
 from .streams import require_cupy
 
@@ -32,17 +34,5 @@ def empty(n: int, dtype: Any) -> Any:
 
 
 def pack(bufs: list[Buf], dtype: Any) -> Any:
-    cp = require_cupy()
-    if not bufs:
-        return cp.empty(0, dtype=dtype)
-    return cp.concatenate([b.arr.reshape(-1) for b in bufs])
-
-
-def unpack(flat: Any, outs: list[Buf]) -> None:
-    pos = 0
-    for o in outs:
-        n = o.arr.size
-        o.arr.reshape(-1)[...] = flat[pos : pos + n]
-        pos += n
-        if o.writeback is not None:
-            o.writeback()
+    """The arrays of ``bufs`` concatenated into one new CuPy array."""
+    return _pack(bufs, dtype, require_cupy())

@@ -1,0 +1,33 @@
+"""Pack several arrays into one flat buffer and back (list collectives, coalesced calls).
+
+Written once for NumPy and CuPy arrays: ``unpack`` only slices and assigns,
+``pack`` takes the array module to allocate with when the list is empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .adapters import Buf
+
+__all__ = ["pack", "unpack"]
+
+
+def pack(bufs: list[Buf], dtype: Any, xp: Any = np) -> Any:
+    """The arrays of ``bufs`` concatenated (flattened) into one new array of ``xp``."""
+    if not bufs:
+        return xp.empty(0, dtype=dtype)
+    return xp.concatenate([b.arr.reshape(-1) for b in bufs])
+
+
+def unpack(flat: Any, outs: list[Buf]) -> None:
+    """Scatter ``flat`` back into ``outs`` in order, then run their write-backs."""
+    pos = 0
+    for o in outs:
+        n = o.arr.size
+        o.arr.reshape(-1)[...] = flat[pos : pos + n]
+        pos += n
+        if o.writeback is not None:
+            o.writeback()
