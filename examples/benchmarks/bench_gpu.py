@@ -81,13 +81,17 @@ def main() -> int:
 
     comm = MPI.COMM_WORLD
     rank, n = comm.Get_rank(), comm.Get_size()
-    dist.init_process_group("cpu:mpi,cuda:nccl" if is_backend_available("nccl") else "mpi")
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    one_gpu_each = comm.allreduce(int(node.Get_size() <= cp.cuda.runtime.getDeviceCount()), op=MPI.MIN) == 1
+    node.Free()
+    use_nccl = is_backend_available("nccl") and one_gpu_each  # NCCL refuses two ranks on one GPU
+    dist.init_process_group("cpu:mpi,cuda:nccl" if use_nccl else "mpi")
     dev = set_device_for_local_rank()
     aware = cuda_aware_mpi()
     mpi_pg = dist.new_group(backend="mpi")  # device arrays over MPI (CUDA-aware or staged)
     stream = cp.cuda.get_current_stream()
     nccl_raw = None
-    if is_backend_available("nccl"):
+    if use_nccl:
         from cupy.cuda import nccl
 
         uid = comm.bcast(nccl.get_unique_id() if rank == 0 else None, root=0)

@@ -28,41 +28,69 @@ __all__ = ["StagedEngine"]
 class _Staging:
     """The host twins of one operation's device Bufs, and their blocks."""
 
+    __slots__ = ("blocks", "pool", "twins")
+
     def __init__(self, pool: PinnedPool) -> None:
         self.pool = pool
-        self.twins: dict[int, tuple[Buf, Buf, Any]] = {}  # id(device buf) -> (device, host, stream)
+        # id(device buf) -> (host twin, stream, device pointer, host pointer, bytes)
+        self.twins: dict[int, tuple[Buf, Any, int, int, int]] = {}
         self.blocks: list[Any] = []
 
     def host(self, buf: Buf) -> Buf:
         hit = self.twins.get(id(buf))
         if hit is not None:
-            return hit[1]
-        block = self.pool.acquire(buf.arr.nbytes)
+            return hit[0]
+        dev = buf.arr
+        n = dev.nbytes
+        block = self.pool.acquire(n)
         self.blocks.append(block)
-        arr = host_view(block, buf.arr.dtype, tuple(buf.arr.shape))
+        arr = host_view(block, dev.dtype, tuple(dev.shape), n)
         twin = Buf(arr, buf.obj, buf.dtype, "cpu", None, -1)
-        self.twins[id(buf)] = (buf, twin, stream_for(buf))
+        hptr = arr.__array_interface__["data"][0] if n else 0
+        self.twins[id(buf)] = (twin, stream_for(buf), int(dev.data.ptr), hptr, n)
         return twin
 
     def copy(self, bufs: list[Buf], to_host: bool) -> None:
         """Device -> host (``to_host``) or back, for ``bufs``; waits for the copies."""
-        runtime = require_cupy().cuda.runtime
+        if not bufs:
+            return
+        runtime = _runtime()
         kind = runtime.memcpyDeviceToHost if to_host else runtime.memcpyHostToDevice
+        last = None
         streams: dict[int, Any] = {}
         for b in bufs:
-            dev, twin, stream = self.twins[id(b)]
-            n = dev.arr.nbytes
+            _twin, stream, dptr, hptr, n = self.twins[id(b)]
             if n:
-                dptr, hptr = int(dev.arr.data.ptr), int(twin.arr.ctypes.data)
                 src, dst = (dptr, hptr) if to_host else (hptr, dptr)
                 runtime.memcpyAsync(dst, src, n, kind, stream.ptr)
-            streams.setdefault(int(stream.ptr), stream)
+            if last is None:
+                last = stream
+            elif stream.ptr != last.ptr:
+                streams[int(stream.ptr)] = stream
+        if last is not None:
+            last.synchronize()
         synchronize(streams.values())
 
     def release(self) -> None:
         for block in self.blocks:
             self.pool.release(block)
         self.blocks = []
+
+
+def _runtime() -> Any:
+    if not _RUNTIME:
+        _RUNTIME.append(require_cupy().cuda.runtime)
+    return _RUNTIME[0]
+
+
+_RUNTIME: list[Any] = []
+
+
+def _writeback(writes: list[Buf]) -> None:
+    for b in writes:
+        if b.writeback is not None:  # a non-contiguous user array: copy into it, on its library's stream
+            b.writeback()
+            stream_for(b).synchronize()  # complete means in place, for readers on any stream too
 
 
 class StagedEngine:
@@ -74,18 +102,41 @@ class StagedEngine:
         self.pg = pg
         self.host = MPIEngine(pg, device_type)
         self.pool = pool if pool is not None else pinned_pool()
+        self._lost: list[Any] = []
 
     def _run(
-        self, name: str, reads: list[Buf], writes: list[Buf], start: Callable[[Callable[[Buf], Buf]], Any]
-    ) -> Work:
-        """Stage ``reads`` in, ``start`` the host operation, stage ``writes`` out on completion."""
+        self,
+        name: str,
+        reads: list[Buf],
+        writes: list[Buf],
+        start: Callable[[Callable[[Buf], Buf], bool], Any],
+        sync: bool = False,
+    ) -> Work | None:
+        """Stage ``reads`` in, ``start`` the host operation, stage ``writes`` out on completion.
+
+        ``sync``: the host engine's blocking call (no Work, no polling), then
+        the copies back, before returning None.
+        """
         check_devices([*reads, *writes], self.pg, name)
         st = _Staging(self.pool)
         for b in (*reads, *writes):
             st.host(b)
+        if sync:
+            try:
+                st.copy(reads, to_host=True)
+                inner = start(st.host, True)
+                if inner is not None:
+                    inner.wait()
+                st.copy(writes, to_host=False)
+            except BaseException:
+                self._quarantine(st)
+                raise
+            st.release()
+            _writeback(writes)
+            return None
         try:
             st.copy(reads, to_host=True)
-            inner = start(st.host)
+            inner = start(st.host, False)
         except BaseException:
             st.release()
             raise
@@ -99,14 +150,21 @@ class StagedEngine:
                 st.copy(writes, to_host=False)
             finally:
                 st.release()
-            for b in writes:
-                if b.writeback is not None:  # a non-contiguous user array: copy into it, on its library's stream
-                    b.writeback()
-                    stream_for(b).synchronize()  # complete means in place, for readers on any stream too
+            _writeback(writes)
 
         outer = Work(reqs, post, (inner, st), self.pg._timeout_s, (name, self.pg), inner._result, inner._on_timeout)
         outer._status = inner._status
         return outer
+
+    def _quarantine(self, st: _Staging) -> None:
+        """Keep the blocks of a failed blocking call alive and out of the pool: MPI may still write into them."""
+        self._lost.extend(st.blocks)
+        st.blocks = []
+
+    @staticmethod
+    def _async(work: Work | None) -> Work:
+        assert work is not None  # _run without sync always returns the Work
+        return work
 
     def _is_root(self, root: int) -> bool:
         return bool(self.pg._rank == root)
@@ -116,86 +174,96 @@ class StagedEngine:
     def barrier(self, sync: bool = False) -> Work | None:
         return self.host.barrier(sync=False)
 
-    def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work:
+    def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work | None:
         me = self._is_root(root)
         return self._run(
             "broadcast",
             [buf] if me else [],
             [] if me else [buf],
-            lambda h: self.host.broadcast(h(buf), root, sync=False),
+            lambda h, s: self.host.broadcast(h(buf), root, sync=s),
+            sync,
         )
 
-    def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work:
-        return self._run("all_reduce", [buf], [buf], lambda h: self.host.all_reduce(h(buf), rop, sync=False))
+    def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
+        return self._run("all_reduce", [buf], [buf], lambda h, s: self.host.all_reduce(h(buf), rop, sync=s), sync)
 
-    def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work:
+    def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work | None:
         return self._run(
             "reduce",
             [buf],
             [buf] if self._is_root(root) else [],
-            lambda h: self.host.reduce(h(buf), root, rop, sync=False),
+            lambda h, s: self.host.reduce(h(buf), root, rop, sync=s),
+            sync,
         )
 
-    def all_gather(self, outs: list[Buf], inp: Buf, sync: bool = False) -> Work:
+    def all_gather(self, outs: list[Buf], inp: Buf, sync: bool = False) -> Work | None:
         return self._run(
-            "all_gather", [inp], outs, lambda h: self.host.all_gather([h(o) for o in outs], h(inp), sync=False)
+            "all_gather", [inp], outs, lambda h, s: self.host.all_gather([h(o) for o in outs], h(inp), sync=s), sync
         )
 
-    def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work:
+    def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work | None:
         return self._run(
-            "all_gather_into_tensor", [inp], [out], lambda h: self.host.all_gather_into(h(out), h(inp), sync=False)
+            "all_gather_into_tensor", [inp], [out], lambda h, s: self.host.all_gather_into(h(out), h(inp), sync=s), sync
         )
 
-    def gather(self, inp: Buf, outs: list[Buf] | None, root: int, sync: bool = False) -> Work:
+    def gather(self, inp: Buf, outs: list[Buf] | None, root: int, sync: bool = False) -> Work | None:
         return self._run(
             "gather",
             [inp],
             outs or [],
-            lambda h: self.host.gather(h(inp), None if outs is None else [h(o) for o in outs], root, sync=False),
+            lambda h, s: self.host.gather(h(inp), None if outs is None else [h(o) for o in outs], root, sync=s),
+            sync,
         )
 
-    def scatter(self, out: Buf, ins: list[Buf] | None, root: int, sync: bool = False) -> Work:
+    def scatter(self, out: Buf, ins: list[Buf] | None, root: int, sync: bool = False) -> Work | None:
         return self._run(
             "scatter",
             ins or [],
             [out],
-            lambda h: self.host.scatter(h(out), None if ins is None else [h(b) for b in ins], root, sync=False),
+            lambda h, s: self.host.scatter(h(out), None if ins is None else [h(b) for b in ins], root, sync=s),
+            sync,
         )
 
-    def reduce_scatter(self, out: Buf, ins: list[Buf], rop: ResolvedOp, sync: bool = False) -> Work:
+    def reduce_scatter(self, out: Buf, ins: list[Buf], rop: ResolvedOp, sync: bool = False) -> Work | None:
         return self._run(
             "reduce_scatter",
             ins,
             [out],
-            lambda h: self.host.reduce_scatter(h(out), [h(b) for b in ins], rop, sync=False),
+            lambda h, s: self.host.reduce_scatter(h(out), [h(b) for b in ins], rop, sync=s),
+            sync,
         )
 
-    def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> Work:
+    def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
         return self._run(
             "reduce_scatter_tensor",
             [inp],
             [out],
-            lambda h: self.host.reduce_scatter_tensor(h(out), h(inp), rop, sync=False),
+            lambda h, s: self.host.reduce_scatter_tensor(h(out), h(inp), rop, sync=s),
+            sync,
         )
 
-    def all_to_all(self, outs: list[Buf], ins: list[Buf], sync: bool = False) -> Work:
+    def all_to_all(self, outs: list[Buf], ins: list[Buf], sync: bool = False) -> Work | None:
         return self._run(
             "all_to_all",
             ins,
             outs,
-            lambda h: self.host.all_to_all([h(o) for o in outs], [h(b) for b in ins], sync=False),
+            lambda h, s: self.host.all_to_all([h(o) for o in outs], [h(b) for b in ins], sync=s),
+            sync,
         )
 
-    def all_to_all_single(self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int], sync: bool = False) -> Work:
+    def all_to_all_single(
+        self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int], sync: bool = False
+    ) -> Work | None:
         return self._run(
             "all_to_all_single",
             [inp],
             [out],
-            lambda h: self.host.all_to_all_single(h(out), h(inp), rcounts, scounts, sync=False),
+            lambda h, s: self.host.all_to_all_single(h(out), h(inp), rcounts, scounts, sync=s),
+            sync,
         )
 
     def send(self, buf: Buf, dst: int, tag: int) -> Work:
-        return self._run("send", [buf], [], lambda h: self.host.send(h(buf), dst, tag))
+        return self._async(self._run("send", [buf], [], lambda h, s: self.host.send(h(buf), dst, tag)))
 
     def recv(self, buf: Buf, src: int, tag: int) -> Work:
-        return self._run("recv", [], [buf], lambda h: self.host.recv(h(buf), src, tag))
+        return self._async(self._run("recv", [], [buf], lambda h, s: self.host.recv(h(buf), src, tag)))

@@ -25,9 +25,7 @@ SPMD contract as for every backend; in addition NCCL needs one GPU per rank
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -76,11 +74,12 @@ UNIQUE_ID_BYTES = 128
 
 
 def unique_id_bytes(uid: Any) -> np.ndarray:
-    """``nccl.get_unique_id()``'s tuple as its 128 raw bytes (uint8).
+    """``nccl.get_unique_id()``'s id as its 128 raw bytes (uint8).
 
-    CuPy builds the tuple from C ``char`` values: -128..127 where ``char`` is
-    signed (x86-64), 0..255 where it is unsigned (aarch64, ppc64le). The bytes
-    are the same either way; only they travel over MPI.
+    CuPy 14 returns ``bytes``; older CuPy returns a tuple built from C ``char``
+    values: -128..127 where ``char`` is signed (x86-64), 0..255 where it is
+    unsigned (aarch64, ppc64le). The bytes are the same in every form; only
+    they travel over MPI.
     """
     values = tuple(uid)
     if len(values) != UNIQUE_ID_BYTES:
@@ -89,20 +88,22 @@ def unique_id_bytes(uid: Any) -> np.ndarray:
 
 
 def make_communicator(ctor: Any, size: int, raw: np.ndarray, rank: int) -> Any:
-    """``ctor(size, id_tuple, rank)`` (``NcclCommunicator``) with the id in this platform's ``char`` range.
+    """``ctor(size, id, rank)`` (``NcclCommunicator``) with the id in the form this CuPy takes.
 
-    CuPy copies the tuple into a C ``char`` array, raising OverflowError for a
-    value outside ``char``'s range before NCCL is called: the signed form is
-    tried first, the unsigned one when it overflows (``char`` is unsigned).
+    Only rank 0 called ``get_unique_id``, so the form is found by trying, before
+    NCCL is called: ``bytes`` (CuPy >= 14; older CuPy raises TypeError), then a
+    tuple of signed ``char`` values, then unsigned ones (CuPy raises
+    OverflowError for a value outside the platform's ``char``).
     """
     u = np.asarray(raw, dtype=np.uint8).reshape(-1)
-    signed = tuple(int(x) for x in u.view(np.int8))
-    try:
-        return ctor(size, signed, rank)
-    except OverflowError:
-        if not any(x < 0 for x in signed):
-            raise
-    return ctor(size, tuple(int(x) for x in u), rank)
+    forms = (u.tobytes(), tuple(int(x) for x in u.view(np.int8)), tuple(int(x) for x in u))
+    last: Exception | None = None
+    for form in forms:
+        try:
+            return ctor(size, form, rank)
+        except (TypeError, OverflowError) as exc:
+            last = exc
+    raise DistBackendError(f"cupy.cuda.nccl.NcclCommunicator took no form of the unique id: {last}") from last
 
 
 def _ptr(arr: Any, offset_bytes: int = 0) -> int:
@@ -136,6 +137,22 @@ def _writeback(bufs: list[Buf]) -> None:
             b.writeback()
 
 
+class _Calling:
+    """``with engine._calling(name):`` turns NCCL's errors into DistBackendError naming the call and group."""
+
+    __slots__ = ("engine", "name")
+
+    def __init__(self, engine: NCCLEngine, name: str) -> None:
+        self.engine, self.name = engine, name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if exc is not None and isinstance(exc, self.engine.nccl.NcclError):
+            raise DistBackendError(f"NCCL {self.name} on group {self.engine.pg.group_name!r} failed: {exc}") from exc
+
+
 class NCCLEngine:
     """Runs one process group's CUDA-array operations through its NCCL communicator."""
 
@@ -150,6 +167,7 @@ class NCCLEngine:
         self._comm: Any = None
         self._device = -1
         self._host: Any = None
+        self._plans: dict[tuple[str, Any], NcclReduction] = {}  # (dtype, op kind) -> plan, for ops without a factor
 
     # -- communicator ------------------------------------------------------------
 
@@ -176,12 +194,8 @@ class NCCLEngine:
         self._device = device
         return self._comm
 
-    @contextlib.contextmanager
-    def _calling(self, name: str) -> Iterator[None]:
-        try:
-            yield
-        except self.nccl.NcclError as exc:
-            raise DistBackendError(f"NCCL {name} on group {self.pg.group_name!r} failed: {exc}") from exc
+    def _calling(self, name: str) -> _Calling:
+        return _Calling(self, name)
 
     def close(self) -> None:
         comm, self._comm = self._comm, None
@@ -195,7 +209,26 @@ class NCCLEngine:
         comm = self._communicator(device)
         return comm, stream_for(bufs[0])
 
-    def _end(self, stream: Any, ref: Buf, keep: Any, name: str, result: Any, source: int = -1) -> CudaEventWork:
+    @overload
+    def _end(
+        self, stream: Any, ref: Buf, keep: Any, name: str, result: Any, source: int = -1, *, sync: Literal[False] = ...
+    ) -> CudaEventWork: ...
+    @overload
+    def _end(
+        self, stream: Any, ref: Buf, keep: Any, name: str, result: Any, source: int = -1, *, sync: bool
+    ) -> CudaEventWork | None: ...
+    def _end(
+        self, stream: Any, ref: Buf, keep: Any, name: str, result: Any, source: int = -1, *, sync: bool = False
+    ) -> CudaEventWork | None:
+        """The Work of the operation just enqueued on ``stream``; None for a blocking call.
+
+        A blocking call (``async_op=False``) needs no event: torch's
+        ``work.wait()`` would make the current stream, which is ``stream``,
+        wait for itself. Temporaries die on the host at once, which is safe:
+        CuPy's pool reuses their memory only in order on ``stream``.
+        """
+        if sync:
+            return None
         cupy = require_cupy()
         event = cupy.cuda.Event(block=False, disable_timing=True)
         event.record(stream)
@@ -204,7 +237,13 @@ class NCCLEngine:
         )
 
     def _plan(self, dtype: str, rop: ResolvedOp) -> NcclReduction:
-        return nccl_reduction(dtype, rop, self.version)
+        if rop.premul is not None:  # the factor varies call by call
+            return nccl_reduction(dtype, rop, self.version)
+        key = (dtype, rop.kind)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = nccl_reduction(dtype, rop, self.version)
+        return plan
 
     def _copy(self, dst: Any, src: Any, stream: Any) -> None:
         if src.nbytes:
@@ -226,15 +265,15 @@ class NCCLEngine:
 
     # -- collectives -------------------------------------------------------------
 
-    def broadcast(self, buf: Buf, root: int, sync: bool = False) -> CudaEventWork:
+    def broadcast(self, buf: Buf, root: int, sync: bool = False) -> CudaEventWork | None:
         comm, s = self._begin([buf], "broadcast")
         with s, self._calling("broadcast"):
             comm.broadcast(_ptr(buf.arr), _ptr(buf.arr), buf.arr.nbytes, NCCL_BYTE, root, s.ptr)
             if self.pg._rank != root:
                 _writeback([buf])
-        return self._end(s, buf, buf, "broadcast", buf.obj)
+        return self._end(s, buf, buf, "broadcast", buf.obj, sync=sync)
 
-    def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> CudaEventWork:
+    def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> CudaEventWork | None:
         plan = self._plan(buf.dtype, rop)
         comm, s = self._begin([buf], "all_reduce")
         arr = buf.arr
@@ -245,9 +284,9 @@ class NCCLEngine:
             if plan.divide_after:
                 _divide(arr, buf.dtype, self.pg._size)
             _writeback([buf])
-        return self._end(s, buf, buf, "all_reduce", buf.obj)
+        return self._end(s, buf, buf, "all_reduce", buf.obj, sync=sync)
 
-    def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> CudaEventWork:
+    def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> CudaEventWork | None:
         plan = self._plan(buf.dtype, rop)
         comm, s = self._begin([buf], "reduce")
         arr = buf.arr
@@ -260,9 +299,9 @@ class NCCLEngine:
                 if plan.divide_after:
                     _divide(arr, buf.dtype, self.pg._size)
                 _writeback([buf])
-        return self._end(s, buf, (buf, send), "reduce", buf.obj)
+        return self._end(s, buf, (buf, send), "reduce", buf.obj, sync=sync)
 
-    def all_gather(self, outs: list[Buf], inp: Buf, sync: bool = False) -> CudaEventWork:
+    def all_gather(self, outs: list[Buf], inp: Buf, sync: bool = False) -> CudaEventWork | None:
         comm, s = self._begin([inp, *outs], "all_gather")
         counts = [o.arr.size for o in outs]
         me = self.pg._rank
@@ -282,16 +321,16 @@ class NCCLEngine:
                     self.nccl.groupEnd()
                 _writeback(outs)
                 keep = (inp, outs)
-        return self._end(s, inp, keep, "all_gather", [o.obj for o in outs])
+        return self._end(s, inp, keep, "all_gather", [o.obj for o in outs], sync=sync)
 
-    def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> CudaEventWork:
+    def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> CudaEventWork | None:
         comm, s = self._begin([out, inp], "all_gather_into_tensor")
         with s, self._calling("all_gather_into_tensor"):
             comm.allGather(_ptr(inp.arr), _ptr(out.arr), inp.arr.nbytes, NCCL_BYTE, s.ptr)
             _writeback([out])
-        return self._end(s, out, (out, inp), "all_gather_into_tensor", out.obj)
+        return self._end(s, out, (out, inp), "all_gather_into_tensor", out.obj, sync=sync)
 
-    def gather(self, inp: Buf, outs: list[Buf] | None, root: int, sync: bool = False) -> CudaEventWork:
+    def gather(self, inp: Buf, outs: list[Buf] | None, root: int, sync: bool = False) -> CudaEventWork | None:
         comm, s = self._begin([inp, *(outs or [])], "gather")
         me = self.pg._rank
         with s, self._calling("gather"):
@@ -309,9 +348,9 @@ class NCCLEngine:
             finally:
                 self.nccl.groupEnd()
             _writeback(outs or [])
-        return self._end(s, inp, (inp, outs), "gather", None if outs is None else [o.obj for o in outs])
+        return self._end(s, inp, (inp, outs), "gather", None if outs is None else [o.obj for o in outs], sync=sync)
 
-    def scatter(self, out: Buf, ins: list[Buf] | None, root: int, sync: bool = False) -> CudaEventWork:
+    def scatter(self, out: Buf, ins: list[Buf] | None, root: int, sync: bool = False) -> CudaEventWork | None:
         comm, s = self._begin([out, *(ins or [])], "scatter")
         me = self.pg._rank
         with s, self._calling("scatter"):
@@ -329,9 +368,9 @@ class NCCLEngine:
             finally:
                 self.nccl.groupEnd()
             _writeback([out])
-        return self._end(s, out, (out, ins), "scatter", out.obj)
+        return self._end(s, out, (out, ins), "scatter", out.obj, sync=sync)
 
-    def reduce_scatter(self, out: Buf, ins: list[Buf], rop: ResolvedOp, sync: bool = False) -> CudaEventWork:
+    def reduce_scatter(self, out: Buf, ins: list[Buf], rop: ResolvedOp, sync: bool = False) -> CudaEventWork | None:
         plan = self._plan(out.dtype, rop)
         comm, s = self._begin([out, *ins], "reduce_scatter")
         counts = [b.arr.size for b in ins]
@@ -356,9 +395,9 @@ class NCCLEngine:
             if plan.divide_after:
                 _divide(out.arr, out.dtype, self.pg._size)
             _writeback([out])
-        return self._end(s, out, (out, ins, send), "reduce_scatter", out.obj)
+        return self._end(s, out, (out, ins, send), "reduce_scatter", out.obj, sync=sync)
 
-    def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> CudaEventWork:
+    def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> CudaEventWork | None:
         plan = self._plan(out.dtype, rop)
         comm, s = self._begin([out, inp], "reduce_scatter_tensor")
         with s, self._calling("reduce_scatter_tensor"):
@@ -369,7 +408,7 @@ class NCCLEngine:
             if plan.divide_after:
                 _divide(out.arr, out.dtype, self.pg._size)
             _writeback([out])
-        return self._end(s, out, (out, inp, send), "reduce_scatter_tensor", out.obj)
+        return self._end(s, out, (out, inp, send), "reduce_scatter_tensor", out.obj, sync=sync)
 
     def _exchange(
         self,
@@ -397,7 +436,7 @@ class NCCLEngine:
         finally:
             self.nccl.groupEnd()
 
-    def all_to_all(self, outs: list[Buf], ins: list[Buf], sync: bool = False) -> CudaEventWork:
+    def all_to_all(self, outs: list[Buf], ins: list[Buf], sync: bool = False) -> CudaEventWork | None:
         comm, s = self._begin([*ins, *outs], "all_to_all")
         me = self.pg._rank
         sends = [(_ptr(b.arr), b.arr.nbytes) for b in ins]
@@ -405,11 +444,11 @@ class NCCLEngine:
         with s, self._calling("all_to_all"):
             self._exchange(comm, s, sends, recvs, (recvs[me][0], sends[me][0], sends[me][1]))
             _writeback(outs)
-        return self._end(s, ins[0], (outs, ins), "all_to_all", [o.obj for o in outs])
+        return self._end(s, ins[0], (outs, ins), "all_to_all", [o.obj for o in outs], sync=sync)
 
     def all_to_all_single(
         self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int], sync: bool = False
-    ) -> CudaEventWork:
+    ) -> CudaEventWork | None:
         comm, s = self._begin([out, inp], "all_to_all_single")
         me, item = self.pg._rank, inp.arr.itemsize
 
@@ -424,7 +463,7 @@ class NCCLEngine:
         with s, self._calling("all_to_all_single"):
             self._exchange(comm, s, sends, recvs, (recvs[me][0], sends[me][0], sends[me][1]))
             _writeback([out])
-        return self._end(s, out, (out, inp), "all_to_all_single", out.obj)
+        return self._end(s, out, (out, inp), "all_to_all_single", out.obj, sync=sync)
 
     # -- point to point --------------------------------------------------------
 

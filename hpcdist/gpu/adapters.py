@@ -34,11 +34,20 @@ def _check_dtype(dtype: Any, argname: str) -> None:
         )
 
 
+_NAMES: dict[Any, str] = {}  # dtype -> its name, for the dtypes already checked (dtype.name is slow)
+
+
+def _dtype_name(dtype: Any, argname: str) -> str:
+    name = _NAMES.get(dtype)
+    if name is None:
+        _check_dtype(dtype, argname)
+        name = _NAMES[dtype] = np.dtype(dtype).name
+    return name
+
+
 def _device_buf(arr: Any, obj: Any, argname: str, write: bool, dtype: str | None = None) -> Buf:
     """``arr`` (a CuPy array on the user's memory) -> Buf; copies when not C-contiguous."""
-    name = dtype or arr.dtype.name
-    if dtype is None:
-        _check_dtype(arr.dtype, argname)
+    name = dtype or _dtype_name(arr.dtype, argname)
     index = int(arr.device.id)
     if arr.flags.c_contiguous:
         return Buf(arr, obj, name, "cuda", None, index)

@@ -10,6 +10,7 @@ default), which keeps the bookkeeping testable on the CPU.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 
@@ -97,9 +98,9 @@ def pinned_pool() -> PinnedPool:
     return _POOL[0]
 
 
-def host_view(block: np.ndarray, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """The first bytes of ``block`` as a C-contiguous array of ``dtype`` and ``shape``."""
-    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+def host_view(block: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], nbytes: int | None = None) -> np.ndarray:
+    """The first bytes of ``block`` as a C-contiguous array of ``dtype`` and ``shape`` (``nbytes`` of them)."""
+    n = math.prod(shape) * dtype.itemsize if nbytes is None else nbytes
     if n == 0:
         return np.empty(shape, dtype)
     return block[:n].view(dtype).reshape(shape)

@@ -112,6 +112,12 @@ def test_nccl_stream_semantics(gpu_path):
         y = x * 2  # enqueued behind the all-reduce on the same stream
     side.synchronize()
     assert float(y[0]) == 2 * n() * (n() + 1) / 2
+    with side:  # a blocking call returns once enqueued on the current stream: later work there sees the result
+        b = cp.full(1 << 20, float(me() + 1), dtype=cp.float32)
+        assert dist.all_reduce(b) is None
+        c = b + 1
+    side.synchronize()
+    assert float(c[-1]) == n() * (n() + 1) / 2 + 1
     w.synchronize()
     assert w.is_completed() and w.is_success()
     # another stream than the one the operation ran on: wait() makes it wait on the event

@@ -276,7 +276,7 @@ def test_nccl_avg_before_2_10_is_sum_then_divide():
     assert p.op == NCCL_OPS["sum"] and p.divide_after
 
 
-def test_nccl_unique_id_travels_as_bytes_and_fits_either_char_signedness():
+def test_nccl_unique_id_travels_as_bytes_and_fits_every_cupy_form():
     from hpcdist.backends.nccl import make_communicator, unique_id_bytes
     from hpcdist.errors import DistBackendError
 
@@ -285,8 +285,10 @@ def test_nccl_unique_id_travels_as_bytes_and_fits_either_char_signedness():
     raw = unique_id_bytes(signed_uid)
     assert raw.dtype == np.uint8 and raw.tolist() == unique_id_bytes(unsigned_uid).tolist() == list(unsigned_uid)
 
-    def char_ctor(lo, hi):  # what CuPy's NcclCommunicator does with the tuple before calling NCCL
+    def char_ctor(lo, hi):  # what CuPy < 14's NcclCommunicator does with the tuple before calling NCCL
         def ctor(n, uid, rank):
+            if not isinstance(uid, tuple):
+                raise TypeError(f"Argument 'commId' has incorrect type (expected tuple, got {type(uid).__name__})")
             if any(not lo <= x <= hi for x in uid):
                 raise OverflowError("value too large to convert to char")
             return n, uid, rank
@@ -295,6 +297,17 @@ def test_nccl_unique_id_travels_as_bytes_and_fits_either_char_signedness():
 
     assert make_communicator(char_ctor(-128, 127), 3, raw, 2) == (3, signed_uid, 2)
     assert make_communicator(char_ctor(0, 255), 3, raw, 2) == (3, unsigned_uid, 2)
+
+    def bytes_ctor(n, uid, rank):  # CuPy >= 14: get_unique_id() returns bytes and the constructor takes them
+        if not isinstance(uid, bytes):
+            raise TypeError(f"Argument 'commId' has incorrect type (expected bytes, got {type(uid).__name__})")
+        return n, uid, rank
+
+    as_bytes = bytes(unsigned_uid)
+    assert unique_id_bytes(as_bytes).tolist() == list(unsigned_uid)
+    assert make_communicator(bytes_ctor, 3, raw, 2) == (3, as_bytes, 2)
+    with pytest.raises(DistBackendError, match="no form of the unique id"):
+        make_communicator(char_ctor(1000, 1001), 3, raw, 2)
     with pytest.raises(DistBackendError, match="128 bytes"):
         unique_id_bytes((1, 2, 3))
 
