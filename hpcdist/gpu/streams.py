@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..buffers.adapters import Buf
+from .device import bound_device_index
 
 __all__ = ["check_devices", "require_cupy", "stream_for", "streams_of", "synchronize"]
 
@@ -64,8 +65,6 @@ def check_devices(bufs: Iterable[Buf], pg: Any, what: str) -> int:
     Raises ValueError naming the array, its device and the current one, with
     the fix, before anything moves.
     """
-    from .device import bound_device_index
-
     cupy = require_cupy()
     current = int(cupy.cuda.runtime.getDevice())
     bound = bound_device_index(getattr(pg, "bound_device_id", None))
