@@ -5,7 +5,11 @@
 * ``staged``     — ``backend="mpi"``, ``HPCDIST_CUDA_AWARE=0``: pinned host staging;
 * ``cuda-aware`` — ``backend="mpi"``, ``HPCDIST_CUDA_AWARE=1``: device pointers to
   MPI; only where the MPI says it is CUDA-aware (or ``HPCDIST_TEST_CUDA_AWARE=1``),
-  since a plain MPI would read device pointers as host memory;
+  since a plain MPI would read device pointers as host memory. With
+  ``HPCDIST_TEST_CUDA_AWARE=managed`` the path runs on any MPI: CuPy then
+  allocates CUDA managed memory, which the host can read, so the CUDA-aware
+  engine (device pointers to MPI, packing and reduction arithmetic on the GPU,
+  stream syncs) runs for real; torch tensors are skipped in that mode;
 * ``nccl``       — ``backend="cpu:mpi,cuda:nccl"``; only with one GPU per rank
   (NCCL refuses two ranks on one GPU).
 
@@ -38,19 +42,23 @@ def _agree(ok: bool) -> bool:
     return bool(MPI.COMM_WORLD.allreduce(int(ok), op=MPI.MIN))
 
 
+def _mpi_awareness():
+    """What the MPI says of CUDA (the user's HPCDIST_CUDA_AWARE override left out)."""
+    from hpcdist.gpu import cuda_aware
+
+    return cuda_aware.detect({k: v for k, v in os.environ.items() if k != "HPCDIST_CUDA_AWARE"}, cuda_aware.query_mpi())
+
+
 def _path_problem(path: str) -> str | None:
     from mpi4py import MPI
 
     from hpcdist.backends import is_backend_available
-    from hpcdist.gpu import cuda_aware
 
     if path == "cuda-aware":
-        forced = os.environ.get("HPCDIST_TEST_CUDA_AWARE") == "1"
-        aware = cuda_aware.detect(
-            {k: v for k, v in os.environ.items() if k != "HPCDIST_CUDA_AWARE"}, cuda_aware.query_mpi()
-        )
+        forced = os.environ.get("HPCDIST_TEST_CUDA_AWARE") in ("1", "managed")
+        aware = _mpi_awareness()
         if not (forced or aware.enabled):
-            return f"this MPI is not CUDA-aware ({aware.reason}); set HPCDIST_TEST_CUDA_AWARE=1 to force the path"
+            return f"this MPI is not CUDA-aware ({aware.reason}); set HPCDIST_TEST_CUDA_AWARE=1 to force the path, or =managed to run it on managed memory"
     if path == "nccl":
         if not is_backend_available("nccl"):
             return "NCCL is not available through CuPy"
@@ -65,6 +73,17 @@ def _path_problem(path: str) -> str | None:
     return None
 
 
+def _use_managed_memory(on: bool) -> None:
+    """CuPy allocations in CUDA managed memory (host-readable) or back to its default pool."""
+    import cupy
+    from gpu_arrays import MANAGED_ONLY
+
+    cupy.cuda.Device().synchronize()
+    pool = cupy.cuda.MemoryPool(cupy.cuda.malloc_managed) if on else cupy.get_default_memory_pool()
+    cupy.cuda.set_allocator(pool.malloc)
+    MANAGED_ONLY[0] = on
+
+
 @pytest.fixture(scope="session", params=PATHS)
 def gpu_path(request):
     why = gpu_missing()
@@ -77,6 +96,13 @@ def gpu_path(request):
     if dist.is_initialized():
         pytest.skip("tests/gpu initializes its own process groups: run it in its own pytest session")
     saved = os.environ.get("HPCDIST_CUDA_AWARE")
+    managed = (  # a CUDA-aware MPI runs the path on device memory, as users do
+        path == "cuda-aware"
+        and os.environ.get("HPCDIST_TEST_CUDA_AWARE") == "managed"
+        and not _agree(_mpi_awareness().enabled)
+    )
+    if managed:
+        _use_managed_memory(True)
     if path != "nccl":
         os.environ["HPCDIST_CUDA_AWARE"] = "1" if path == "cuda-aware" else "0"
     backend = "cpu:mpi,cuda:nccl" if path == "nccl" else "mpi"
@@ -98,6 +124,8 @@ def gpu_path(request):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        if managed:
+            _use_managed_memory(False)
         if saved is None:
             os.environ.pop("HPCDIST_CUDA_AWARE", None)
         else:

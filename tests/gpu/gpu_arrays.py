@@ -41,11 +41,18 @@ def _cupy() -> Any:
     return cupy
 
 
+#: set by conftest.py while the CUDA-aware path runs on managed memory (HPCDIST_TEST_CUDA_AWARE=managed):
+#: CuPy then allocates host-accessible memory, torch does not, so torch tensors must not reach MPI
+MANAGED_ONLY = [False]
+
+
 def torch_cuda() -> bool:
-    return torch is not None and torch.cuda.is_available()
+    return torch is not None and torch.cuda.is_available() and not MANAGED_ONLY[0]
 
 
 def need(kind: str, dtype: str = "float64") -> None:
+    if kind == "torch" and MANAGED_ONLY[0]:
+        pytest.skip("CUDA-aware path on managed memory: torch's allocator is not managed, MPI cannot read it")
     if kind == "torch" and not torch_cuda():
         pytest.skip("torch has no CUDA here (CPU build or no GPU)")
     if kind == "cupy" and dtype == "bfloat16":
