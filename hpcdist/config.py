@@ -11,6 +11,10 @@ Knobs are read when asked for (never at import time), so a program may set
                                  instead of hanging; ``0`` turns that off
 ``HPCDIST_CUDA_AWARE``           ``1``/``0``: override the CUDA-aware MPI
                                  detection
+``HPCDIST_NCCL_WATCHDOG``        ``1`` (default): NCCL work stuck past its
+                                 group's timeout, or an NCCL async error,
+                                 ends the job (as torch's watchdog); ``0``:
+                                 off
 ``HPCDIST_DEBUG``                ``OFF`` | ``INFO`` | ``DETAIL`` (falls back
                                  to ``TORCH_DISTRIBUTED_DEBUG``)
 ``HPCDIST_STORE_SECRET``         the shared secret of the TCP store
@@ -39,6 +43,7 @@ __all__ = [
     "debug_level",
     "default_timeout",
     "env_flag",
+    "nccl_watchdog_enabled",
     "object_unpickler",
     "wait_mode",
 ]
@@ -48,6 +53,7 @@ KNOBS: dict[str, str] = {
     "HPCDIST_TIMEOUT": "default timeout of blocking operations in seconds (1800)",
     "HPCDIST_ABORT_ON_EXCEPTION": "1: MPI_Abort on an unhandled exception (default); 0: off",
     "HPCDIST_CUDA_AWARE": "1/0: force CUDA-aware MPI detection on or off",
+    "HPCDIST_NCCL_WATCHDOG": "1: stuck or failed NCCL work ends the job (default); 0: off",
     "HPCDIST_DEBUG": "OFF | INFO | DETAIL (else TORCH_DISTRIBUTED_DEBUG)",
     "HPCDIST_STORE_SECRET": "shared secret of the TCP store (HMAC-SHA256)",
     "HPCDIST_STORE_SECRET_FILE": "file (0600) holding the TCP store secret",
@@ -94,6 +100,11 @@ def abort_on_exception() -> bool:
 def cuda_aware_override() -> bool | None:
     """``HPCDIST_CUDA_AWARE`` as a bool, or None when unset."""
     return env_flag("HPCDIST_CUDA_AWARE", None)
+
+
+def nccl_watchdog_enabled() -> bool:
+    """Whether NCCL work is watched (``HPCDIST_NCCL_WATCHDOG``, default on)."""
+    return bool(env_flag("HPCDIST_NCCL_WATCHDOG", True))
 
 
 def debug_level() -> str:

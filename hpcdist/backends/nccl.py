@@ -30,10 +30,12 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from ..buffers.adapters import Buf
+from ..config import nccl_watchdog_enabled
 from ..errors import DistBackendError, DistTimeoutError
 from ..gpu import xp
 from ..gpu.nccl_types import NCCL_BYTE, NcclReduction, nccl_reduction
 from ..gpu.streams import _is_torch, check_devices, require_cupy, stream_for
+from ..gpu.watchdog import nccl_watchdog
 from ..gpu.work import CudaEventWork
 from ..ops import ResolvedOp
 from ..work import wait_requests
@@ -168,6 +170,7 @@ class NCCLEngine:
         self._device = -1
         self._host: Any = None
         self._plans: dict[tuple[str, Any], NcclReduction] = {}  # (dtype, op kind) -> plan, for ops without a factor
+        self._watch = nccl_watchdog() if nccl_watchdog_enabled() else None
 
     # -- communicator ------------------------------------------------------------
 
@@ -198,9 +201,30 @@ class NCCLEngine:
         return _Calling(self, name)
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.forget(self)
         comm, self._comm = self._comm, None
         if comm is not None:
             comm.destroy()
+
+    # -- what the watchdog asks ----------------------------------------------------
+
+    def async_error(self) -> str | None:
+        """``ncclCommGetAsyncError`` of this group's communicator, as a message; None when fine."""
+        comm = self._comm
+        if comm is None:
+            return None
+        try:
+            comm.check_async_error()
+        except self.nccl.NcclError as exc:
+            return f"NCCL communicator of group {self.pg.group_name!r} failed asynchronously: {exc}"
+        return None
+
+    def abort_nccl(self) -> None:
+        """``ncclCommAbort``: NCCL kernels of this communicator stop; the communicator is unusable."""
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            comm.abort()
 
     # -- the template ------------------------------------------------------------
 
@@ -227,6 +251,8 @@ class NCCLEngine:
         wait for itself. Temporaries die on the host at once, which is safe:
         CuPy's pool reuses their memory only in order on ``stream``.
         """
+        if self._watch is not None:
+            self._watch.note(stream, (name, self.pg), self.pg._timeout_s, self)
         if sync:
             return None
         cupy = require_cupy()

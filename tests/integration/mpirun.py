@@ -50,10 +50,14 @@ def run_mpi(
     full_env["PYTHONUNBUFFERED"] = "1"
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
-    cmd = [mpiexec(), "-n", str(n), sys.executable, str(path), *(args or [])]
+    return run_limited([mpiexec(), "-n", str(n), sys.executable, str(path), *(args or [])], full_env, limit)
+
+
+def run_limited(cmd: list[str], env: dict[str, str], limit: float, cwd: Path | None = None) -> Result:
+    """Run ``cmd`` in a session of its own; after ``limit`` s kill it with all it started."""
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, start_new_session=True
+        cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
     )
     try:
         out, err = proc.communicate(timeout=limit)

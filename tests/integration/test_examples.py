@@ -12,12 +12,12 @@ import itertools
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from mpirun import run_limited
 
 from hpcdist.launch.launchers import find_mpiexec
 
@@ -43,17 +43,12 @@ def run_example(
     if unbuffered:
         env["PYTHONUNBUFFERED"] = "1"
     cmd = [mpiexec, "-n", str(n), sys.executable, str(EXAMPLES / name), *args]
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+    res = run_limited(cmd, env, timeout, cwd)
+    out, err = res.stdout, res.stderr
+    if res.timed_out:
         pytest.fail(f"{name} on {n} ranks ran past {timeout}s\n{out}\n{err}")
-    assert proc.returncode == 0, f"{name} exited {proc.returncode}\n{out}\n{err}"
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    assert res.returncode == 0, f"{name} exited {res.returncode}\n{out}\n{err}"
+    return subprocess.CompletedProcess(cmd, res.returncode, out, err)
 
 
 def lines(out: str) -> list[str]:

@@ -270,6 +270,7 @@ def test_register_backend():
         ("HPCDIST_ABORT_ON_EXCEPTION", "maybe", "abort_on_exception"),
         ("HPCDIST_WAIT", "spin", "wait_mode"),
         ("HPCDIST_OBJECT_UNPICKLER", "some", "object_unpickler"),
+        ("HPCDIST_NCCL_WATCHDOG", "sometimes", "nccl_watchdog_enabled"),
     ],
 )
 def test_bad_knobs_name_themselves(monkeypatch, name, value, fn):

@@ -479,3 +479,166 @@ def test_event_work_completes_with_its_event_and_drops_buffers():
     ev.done = True
     assert work.is_completed() and work._keep is None and work.is_success()
     assert work.get_future().value() == []
+
+
+# ---------------------------------------------------------------- the NCCL watchdog's bookkeeping
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class _WEvent:
+    """A CUDA event as the watchdog sees it: recorded on a stream, done once the stream got there."""
+
+    made = 0
+
+    def __init__(self) -> None:
+        _WEvent.made += 1
+        self.stream = None
+        self.mark = -1
+
+    def record(self, stream) -> None:
+        self.stream, self.mark = stream, stream.enqueued
+
+    @property
+    def done(self) -> bool:
+        return self.stream.finished >= self.mark
+
+
+class _WStream:
+    """A stream whose work the test finishes by hand: ``finished`` counts completed operations."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr, self.enqueued, self.finished = ptr, 0, 0
+
+    def enqueue(self) -> None:
+        self.enqueued += 1
+
+
+class _Group:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<group {self.name!r}>"
+
+
+class _Engine:
+    def __init__(self, error: str | None = None) -> None:
+        self.error = error
+
+    def async_error(self):
+        return self.error
+
+
+def _watchdog(clock):
+    from hpcdist.gpu.watchdog import NcclWatchdog
+
+    wd = NcclWatchdog(_WEvent, clock=clock, bucket_s=0.001)
+    wd._start = lambda: None  # the thread is not under test: check() is called by hand
+    return wd
+
+
+def test_nccl_watchdog_reports_the_oldest_stuck_operation_with_its_group():
+    clock, s, eng, g1 = _Clock(), _WStream(7), _Engine(), _Group("g1")
+    wd = _watchdog(clock)
+    s.enqueue()
+    wd.note(s, ("all_reduce", g1), 5.0, eng)
+    clock.t += 0.5
+    s.enqueue()
+    wd.note(s, ("broadcast", g1), 5.0, eng)
+    assert wd.pending() == 2 and wd.check() is None
+    clock.t += 4.7  # the all_reduce is 5.2 s old, the broadcast 4.7 s
+    report = wd.check()
+    assert report is not None and "all_reduce on <group 'g1'> (NCCL) did not complete on the GPU within 5s" in report
+    s.finished = 1  # the all_reduce completed; the broadcast is not yet 5 s old
+    assert wd.check() is None and wd.pending() == 1
+    clock.t += 0.4
+    assert "broadcast on <group 'g1'>" in wd.check()
+
+
+def test_nccl_watchdog_shares_one_event_within_a_bucket_and_recycles_completed_ones():
+    clock, s, eng = _Clock(), _WStream(1), _Engine()
+    wd = _watchdog(clock)
+    _WEvent.made = 0
+    for _ in range(50):  # 50 operations in 50 us: one event, re-recorded behind the newest
+        s.enqueue()
+        wd.note(s, "op", 60.0, eng)
+        clock.t += 1e-6
+    assert (_WEvent.made, wd.pending()) == (1, 1)
+    s.finished = 49
+    assert wd.check() is None and wd.pending() == 1  # the event covers the 50th operation too
+    s.finished = 50
+    assert wd.check() is None and wd.pending() == 0
+    clock.t += 1.0
+    s.enqueue()
+    wd.note(s, "op", 60.0, eng)
+    assert _WEvent.made == 1  # the completed event was reused
+    other = _WStream(2)  # another stream gets its own queue
+    other.enqueue()
+    wd.note(other, "op2", 60.0, eng)
+    assert wd.pending() == 2 and _WEvent.made == 2
+
+
+def test_nccl_watchdog_reports_async_errors_until_the_engine_closes():
+    clock, s = _Clock(), _WStream(3)
+    bad = _Engine("NCCL communicator of group 'g2' failed asynchronously: remote process exited")
+    wd = _watchdog(clock)
+    s.enqueue()
+    wd.note(s, "op", 60.0, bad)
+    assert "DistBackendError: NCCL communicator of group 'g2' failed asynchronously" in wd.check()
+    wd.forget(bad)
+    assert wd.check() is None
+
+
+def test_nccl_watchdog_tracks_the_oldest_pending_deadline_for_its_guard():
+    clock, a, b, eng = _Clock(), _WStream(1), _WStream(2), _Engine()
+    wd = _watchdog(clock)
+    a.enqueue()
+    wd.note(a, "first", 10.0, eng)
+    clock.t += 1.0
+    b.enqueue()
+    wd.note(b, "second", 5.0, eng)  # enqueued later but due earlier: 106 < 110
+    assert wd.check() is None and wd.oldest == (106.0, "second", 5.0)
+    b.finished = 1
+    assert wd.check() is None and wd.oldest == (110.0, "first", 10.0)
+    a.finished = 1
+    assert wd.check() is None and wd.oldest is None
+
+
+def test_guard_process_ends_its_target_with_the_report_once_the_deadline_passes(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from hpcdist.gpu.watchdog import Guard
+
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    log = open(tmp_path / "guard.err", "w")  # noqa: SIM115
+    try:
+        guard = Guard(pid=target.pid, stderr=log)
+        guard.arm(time.monotonic() + 3600, "not this one\n")
+        guard.arm(None)  # disarmed: nothing happens at the old deadline
+        guard.arm(time.monotonic() + 0.5, "hpcdist.DistTimeoutError: all_reduce on <g> (NCCL) stuck\n")
+        assert target.wait(timeout=60) == -15  # SIGTERM
+        guard.close()
+    finally:
+        if target.poll() is None:
+            target.kill()
+        log.close()
+    text = (tmp_path / "guard.err").read_text()
+    assert text == "hpcdist.DistTimeoutError: all_reduce on <g> (NCCL) stuck\n"
+
+
+def test_guard_process_exits_when_its_watcher_closes_the_pipe():
+    from hpcdist.gpu.watchdog import Guard
+
+    guard = Guard(pid=2**22 + 12345)  # no such process: the guard must not need one until it fires
+    guard.arm(None)
+    guard.close()  # EOF: the guard exits, close() returns
+    assert guard._proc.returncode == 0
