@@ -191,7 +191,13 @@ def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, a
 
 
 def combine(works: list[Any], name: str, pg: ProcessGroup) -> Work:
-    """One Work over several: completes when all did, finishing each in order."""
+    """One Work over several: completes when all did, finishing each in order.
+
+    NCCL parts enqueued on one stream: the last part's CUDA event covers them
+    all, so the Work is that event's (torch's stream semantics for the whole).
+    """
+    if works and all(hasattr(w, "joined") for w in works) and len({w._torch for w in works}) == 1:
+        return works[-1].joined(works, (name, pg))
     reqs = [r for w in works for r in w._reqs]
     for w in works:
         w._reqs = ()

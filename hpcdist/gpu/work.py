@@ -43,6 +43,15 @@ class CudaEventWork(Work):
         self._torch = torch_stream
         self._source = source
 
+    def joined(self, parts: list[CudaEventWork], name: Any) -> CudaEventWork:
+        """One Work for ``parts`` (this one last, all on one stream): this event covers them all.
+
+        Its result is the list of the parts' results, as for MPI's combined Work.
+        """
+        return CudaEventWork(
+            self._event, parts, self._timeout_s, name, [p._result for p in parts], self._index, self._torch
+        )
+
     def _current_stream(self) -> Any:
         cupy = require_cupy()
         if self._torch:

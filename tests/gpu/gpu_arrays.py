@@ -85,6 +85,19 @@ def to_np(x: Any) -> np.ndarray:
     return HOST.to_np(x)
 
 
+_SPIN_SRC = (
+    'extern "C" __global__ void spin(long long cycles) {'
+    "  long long t0 = clock64(); while (clock64() - t0 < cycles) {} }"
+)
+
+
+def spin(seconds: float) -> None:
+    """Keep the current CuPy stream busy for about ``seconds`` (one thread counting GPU clock cycles)."""
+    cupy = _cupy()
+    kernel = cupy.RawKernel(_SPIN_SRC, "spin")
+    kernel((1,), (1,), (cupy.int64(int(seconds * 2_000_000_000)),))  # H100/A100 SM clocks: 1.4-2 GHz
+
+
 def gpu_missing() -> str | None:
     """Why the GPU tests cannot run here, or None."""
     try:

@@ -55,17 +55,13 @@ HANG = textwrap.dedent(
     import cupy as cp
     from datetime import timedelta
     import hpcdist as dist
+    from gpu_arrays import spin
 
-    spin = cp.RawKernel(
-        'extern "C" __global__ void spin(long long cycles) {'
-        '  long long t0 = clock64(); while (clock64() - t0 < cycles) {} }',
-        "spin",
-    )
     dist.init_process_group("nccl", timeout=timedelta(seconds=2))
     x = cp.ones(4, dtype=cp.float32)
     dist.all_reduce(x)  # the communicator exists; this one completes
     cp.cuda.get_current_stream().synchronize()
-    spin((1,), (1,), (cp.int64(60 * 2_000_000_000),))  # about a minute of GPU time, on the same stream
+    spin(60.0)  # about a minute of GPU time, on the same stream
     dist.all_reduce(x)  # enqueued behind the spin: returns at once, cannot complete for a minute
     print("enqueued", flush=True)
     x.get()  # blocks the host: only the watchdog can end this
@@ -94,7 +90,7 @@ def _run_child(tmp_path, source: str, limit: float = 120.0, **env_extra: str) ->
     # a singleton of its own, not a rank of this job: no launcher variables
     launcher = ("PMI_", "PMIX_", "OMPI_", "SLURM_", "HYDRA_", "MPI_LOCAL")
     env = {k: v for k, v in os.environ.items() if not k.startswith(launcher)}
-    env.update(PYTHONPATH=str(ROOT), **env_extra)
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests" / "gpu")]), **env_extra)
     res = MPIRUN.run_limited([sys.executable, str(script)], env, limit)
     if res.timed_out:
         pytest.fail(f"the one-rank NCCL job did not end within {limit:g} s; its output: {res.output!r}")
@@ -119,6 +115,6 @@ def test_nccl_work_stuck_past_the_timeout_ends_the_job_with_its_name(tmp_path, r
 
 def test_nccl_watchdog_off_lets_the_host_wait(tmp_path, request):
     _one_child_per_job(request)
-    short = HANG.replace("60 * 2_000_000_000", "3 * 2_000_000_000")  # a few seconds of spin, past the 2 s timeout
+    short = HANG.replace("spin(60.0)", "spin(3.0)")  # a few seconds of spin, past the 2 s timeout
     code, out = _run_child(tmp_path, short, HPCDIST_NCCL_WATCHDOG="0")
     assert code == 0 and "the watchdog did not fire" in out, out

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_arrays import gpu_missing, torch, torch_cuda
+from gpu_arrays import gpu_missing, spin, torch, torch_cuda
 
 import hpcdist as dist
 from hpcdist.buffers.adapters import adapt
@@ -129,6 +129,20 @@ def test_nccl_stream_semantics(gpu_path):
         w2.wait()
         total = float((z * 1).sum())
     assert total == 8.0 * n()
+
+
+def test_nccl_coalesced_work_is_one_event_covering_every_part(gpu_path):
+    if dist.get_backend() != "cpu:mpi,cuda:nccl":
+        pytest.skip("NCCL path only")
+    xs = [cp.full(1000 + k, float(me() + k), dtype=cp.float32) for k in range(3)]
+    spin(2.0)  # the stream is busy: the parts are enqueued behind the spin
+    w = dist.all_reduce_coalesced(xs, async_op=True)
+    assert not w.is_completed()  # not complete before the last part ran on the GPU
+    w.synchronize()
+    assert w.is_completed() and w.is_success()
+    assert all(r is x for r, x in zip(w.result(), xs))
+    for k, x in enumerate(xs):
+        assert float(x[0]) == float(x[-1]) == sum(r + k for r in range(n()))
 
 
 def test_staging_reuses_pinned_blocks(gpu_path):
