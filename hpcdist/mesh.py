@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ._world import WORLD, not_initialized
+from .backends import parse_backend
 from .group import ProcessGroup, _check_timeout, _split_many, default_pg
 
 __all__ = ["DeviceMesh", "init_device_mesh"]
@@ -27,10 +28,15 @@ class DeviceMesh:
     """
 
     def __init__(
-        self, device_type: str, mesh: Any, *, mesh_dim_names: tuple[str, ...] | None = None, _init_backend: bool = True
+        self,
+        device_type: str,
+        mesh: Any,
+        *,
+        mesh_dim_names: tuple[str, ...] | None = None,
+        backend_override: Any = None,
+        _init_backend: bool = True,
     ) -> None:
-        if not isinstance(device_type, str) or device_type.split(":")[0] not in ("cpu", "cuda"):
-            raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
+        _check_device_type(device_type)
         world = default_pg()
         arr = np.asarray(mesh.tolist() if hasattr(mesh, "tolist") else mesh, dtype=np.int64)
         if arr.ndim == 0:
@@ -40,24 +46,84 @@ class DeviceMesh:
             raise ValueError(
                 f"mesh must hold every global rank 0..{world.size() - 1} exactly once, got {arr.reshape(-1).tolist()}"
             )
-        if mesh_dim_names is not None and (len(mesh_dim_names) != arr.ndim or len(set(mesh_dim_names)) != arr.ndim):
-            raise ValueError(
-                f"mesh_dim_names must be {arr.ndim} distinct names (one per dimension), got {mesh_dim_names!r}"
-            )
-        self.device_type = device_type
-        self.mesh = arr
-        self.mesh_dim_names = tuple(mesh_dim_names) if mesh_dim_names is not None else None
-        me = world.rank()
-        where = np.argwhere(arr == me)
-        self._coord = [int(c) for c in where[0]]
-        self._groups: list[ProcessGroup] = []
+        self._fill(device_type, arr, mesh_dim_names, [], [int(c) for c in np.argwhere(arr == world.rank())[0]])
         if _init_backend:
+            backends = _backends(backend_override, arr.ndim, self._dim)
             tmo = _check_timeout(None)
             for dim in range(arr.ndim):
                 moved = np.moveaxis(arr, dim, -1).reshape(-1, arr.shape[dim])
                 lists = [row.tolist() for row in moved]
-                mine, _ = _split_many(world, lists, tmo, None, f"mesh_dim_{dim}", "init_device_mesh")
+                mine, _ = _split_many(world, lists, tmo, backends[dim], f"mesh_dim_{dim}", "init_device_mesh")
                 self._groups.append(mine)
+
+    def _fill(
+        self,
+        device_type: str,
+        arr: np.ndarray,
+        names: tuple[str, ...] | None,
+        groups: list[ProcessGroup],
+        coord: list[int],
+    ) -> None:
+        if names is not None and (
+            not isinstance(names, (tuple, list))
+            or len(names) != arr.ndim
+            or len(set(names)) != arr.ndim
+            or not all(isinstance(x, str) for x in names)
+        ):
+            raise ValueError(f"mesh_dim_names must be {arr.ndim} distinct names (one per dimension), got {names!r}")
+        self.device_type = device_type
+        self.mesh = arr
+        self.mesh_dim_names = tuple(names) if names is not None else None
+        self._groups = groups
+        self._coord = coord
+
+    @staticmethod
+    def from_group(
+        group: ProcessGroup | list[ProcessGroup],
+        device_type: str,
+        mesh: Any = None,
+        *,
+        mesh_dim_names: tuple[str, ...] | None = None,
+    ) -> DeviceMesh:
+        """A mesh over existing groups (no collective call).
+
+        One group: a 1-d mesh of its ranks in group-rank order (``mesh``, when
+        given, must list exactly those). A list of groups: ``mesh`` (n-d, of
+        global ranks) is required and ``group[d]`` is this rank's group along
+        dimension ``d``; each must hold the ranks of this rank's row of
+        ``mesh`` along ``d``.
+        """
+        _check_device_type(device_type)
+        groups = list(group) if isinstance(group, (list, tuple)) else [group]
+        if not groups or not all(isinstance(g, ProcessGroup) for g in groups):
+            raise TypeError(f"group must be a ProcessGroup or a non-empty list of them, got {group!r}")
+        if mesh is None:
+            if len(groups) != 1:
+                raise ValueError(f"mesh is required with {len(groups)} groups (one per mesh dimension)")
+            arr = np.asarray(groups[0]._ranks, dtype=np.int64)
+        else:
+            arr = np.asarray(mesh.tolist() if hasattr(mesh, "tolist") else mesh, dtype=np.int64)
+        if arr.ndim != len(groups):
+            raise ValueError(
+                f"mesh has {arr.ndim} dimension(s) but {len(groups)} group(s) were given: one per dimension"
+            )
+        me = default_pg().rank()
+        where = np.argwhere(arr == me)
+        if len(where) != 1:
+            raise ValueError(f"mesh must hold this rank ({me}) exactly once, got {arr.tolist()}")
+        coord = [int(c) for c in where[0]]
+        for d, g in enumerate(groups):
+            index: list[Any] = list(coord)
+            index[d] = slice(None)
+            row = arr[tuple(index)].tolist()
+            if list(g._ranks) != row:
+                raise ValueError(
+                    f"group {d} ({g.group_name!r}) holds ranks {list(g._ranks)}, but this rank's row of mesh along "
+                    f"dimension {d} is {row}"
+                )
+        out = DeviceMesh.__new__(DeviceMesh)
+        out._fill(device_type, arr, mesh_dim_names, groups, coord)
+        return out
 
     # shape queries
     @property
@@ -107,26 +173,58 @@ class DeviceMesh:
             raise not_initialized()
         return pg.rank()
 
-    def __getitem__(self, name: str | tuple[str, ...]) -> DeviceMesh:
-        """The 1-d sub-mesh along the named dimension that contains this rank (``mesh["dp"]``)."""
-        if isinstance(name, tuple):
-            if len(name) != 1:
-                raise NotImplementedError("slicing several dimensions at once is not supported; slice one name")
-            name = name[0]
-        dim = self._dim(name)
-        index = list(self._coord)
-        index[dim] = slice(None)  # type: ignore[call-overload]
+    def __getitem__(self, names: str | tuple[str, ...]) -> DeviceMesh:
+        """The sub-mesh along the named dimensions that contains this rank (``mesh["dp"]``, ``mesh["dp", "tp"]``).
+
+        Names must follow the mesh's own order. The sub-mesh reuses this
+        mesh's groups: no collective call.
+        """
+        wanted = names if isinstance(names, tuple) else (names,)
+        if not wanted or not all(isinstance(x, str) for x in wanted):
+            raise KeyError(f"slice a mesh by dimension names, got {names!r}")
+        dims = [self._dim(x) for x in wanted]
+        if len(set(dims)) != len(dims) or dims != sorted(dims):
+            raise KeyError(
+                f"mesh dimension names {wanted} must be distinct and in the mesh's order {self.mesh_dim_names}"
+            )
+        index: list[Any] = list(self._coord)
+        for d in dims:
+            index[d] = slice(None)
         sub = DeviceMesh.__new__(DeviceMesh)
-        sub.device_type = self.device_type
-        sub.mesh = self.mesh[tuple(index)]
-        sub.mesh_dim_names = (name,)
-        sub._coord = [self._coord[dim]]
-        sub._groups = [self._groups[dim]]
+        sub._fill(
+            self.device_type,
+            self.mesh[tuple(index)],
+            tuple(wanted),
+            [self._groups[d] for d in dims],
+            [self._coord[d] for d in dims],
+        )
         return sub
 
     def __repr__(self) -> str:
         names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
         return f"DeviceMesh('{self.device_type}', {self.mesh.tolist()}{names})"
+
+
+def _check_device_type(device_type: Any) -> None:
+    if not isinstance(device_type, str) or device_type.split(":")[0] not in ("cpu", "cuda"):
+        raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
+
+
+def _backends(override: Any, ndim: int, dim_of: Any) -> list[Any]:
+    """``backend_override`` ({dimension index or name: backend}) as one backend (or None) per dimension."""
+    out: list[Any] = [None] * ndim
+    if override is None:
+        return out
+    if not isinstance(override, dict):
+        raise TypeError(f"backend_override must be a dict {{dimension index or name: backend}}, got {override!r}")
+    for key, value in override.items():
+        backend = value[0] if isinstance(value, tuple) else value  # (backend, options): options are not used
+        parse_backend(backend)  # a bad name fails here, before any group is split
+        d = dim_of(key)
+        if out[d] is not None:
+            raise ValueError(f"backend_override names dimension {d} twice")
+        out[d] = backend
+    return out
 
 
 def init_device_mesh(
@@ -152,4 +250,4 @@ def init_device_mesh(
             f"mesh_shape {tuple(mesh_shape)} holds {int(np.prod(mesh_shape))} ranks but the world has {world.size()}"
         )
     mesh = np.arange(world.size(), dtype=np.int64).reshape(tuple(mesh_shape))
-    return DeviceMesh(device_type, mesh, mesh_dim_names=mesh_dim_names)
+    return DeviceMesh(device_type, mesh, mesh_dim_names=mesh_dim_names, backend_override=backend_override)
