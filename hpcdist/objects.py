@@ -247,19 +247,29 @@ def gather_object(
         raise ValueError("object_gather_list must be None on ranks other than the destination")
     comm = pg._comm
     mine = dumps(obj)
-    lengths = np.empty(pg._size if is_root else 0, dtype=np.int64)
-    _wait(
-        pg, [comm.Igather(np.array([mine.size], dtype=np.int64), lengths if is_root else None, root)], "gather_object"
-    )
+    fits = mine.size <= _CHUNK - _HEAD
+    tag = _internal_tag("object_gather")
+    table = np.empty((pg._size, _CHUNK), dtype=np.uint8) if is_root else None
+    reqs = [comm.Igather(_chunk(mine), table, root)]
+    if not (fits or is_root):  # the rest goes point to point; small objects need the one exchange only
+        reqs.append(comm.Isend(mine, root, tag))
+    _wait(pg, reqs, "gather_object")
     if not is_root:
-        _wait(pg, [comm.Igatherv(mine, None, root)], "gather_object")
         return
-    counts, displs = _counts_displs(lengths)
-    flat = np.empty(int(lengths.sum()), dtype=np.uint8)
-    _wait(pg, [comm.Igatherv(mine, [flat, (counts, displs)], root)], "gather_object")
-    assert object_gather_list is not None
+    assert table is not None and object_gather_list is not None
+    lengths = table[:, :_HEAD].copy().view(np.int64).reshape(-1)
+    rest: dict[int, np.ndarray] = {}
     for r in range(pg._size):
-        object_gather_list[r] = loads(flat[displs[r] : displs[r] + counts[r]])
+        if lengths[r] > _CHUNK - _HEAD and r != root:
+            rest[r] = np.empty(int(lengths[r]), dtype=np.uint8)
+    _wait(pg, [comm.Irecv(buf, r, tag) for r, buf in rest.items()], "gather_object")
+    for r in range(pg._size):
+        if r in rest:
+            object_gather_list[r] = loads(rest[r])
+        elif r == root:
+            object_gather_list[r] = loads(mine)
+        else:
+            object_gather_list[r] = loads(table[r, _HEAD : _HEAD + int(lengths[r])])
 
 
 def scatter_object_list(
@@ -283,30 +293,38 @@ def scatter_object_list(
             "source rank"
         )
     comm = pg._comm
-    mylen = np.zeros(1, dtype=np.int64)
+    tag = _internal_tag("object_scatter")
+    mine = np.empty(_CHUNK, dtype=np.uint8)
     if is_root:
         assert scatter_object_input_list is not None
         parts = [dumps(o) for o in scatter_object_input_list]
-        lengths = np.array([p.size for p in parts], dtype=np.int64)
-        flat = np.concatenate(parts)
-        counts, displs = _counts_displs(lengths)
-        _wait(pg, [comm.Iscatter(lengths, mylen, root)], "scatter_object_list")
-        out = np.empty(int(mylen[0]), dtype=np.uint8)
-        _wait(pg, [comm.Iscatterv([flat, (counts, displs)], out, root)], "scatter_object_list")
+        reqs = [comm.Iscatter(np.stack([_chunk(p) for p in parts]), mine, root)]
+        # what does not fit its chunk goes point to point; small objects need the one exchange only
+        reqs += [comm.Isend(p, r, tag) for r, p in enumerate(parts) if r != root and p.size > _CHUNK - _HEAD]
+        _wait(pg, reqs, "scatter_object_list")
+        out = parts[root]
     else:
-        _wait(pg, [comm.Iscatter(None, mylen, root)], "scatter_object_list")
-        out = np.empty(int(mylen[0]), dtype=np.uint8)
-        _wait(pg, [comm.Iscatterv(None, out, root)], "scatter_object_list")
+        _wait(pg, [comm.Iscatter(None, mine, root)], "scatter_object_list")
+        length = int(mine[:_HEAD].copy().view(np.int64)[0])
+        if length <= _CHUNK - _HEAD:
+            out = mine[_HEAD : _HEAD + length]
+        else:
+            out = np.empty(length, dtype=np.uint8)
+            _wait(pg, [comm.Irecv(out, root, tag)], "scatter_object_list")
     scatter_object_output_list[0] = loads(out)
 
 
 # ------------------------------------------------------------------ point to point
 
 
-def _object_tag() -> int:
+def _internal_tag(name: str) -> int:
     from .p2p import internal_tag
 
-    return internal_tag("objects")
+    return internal_tag(name)
+
+
+def _object_tag() -> int:
+    return _internal_tag("objects")
 
 
 def send_object_list(

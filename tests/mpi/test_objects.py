@@ -41,16 +41,22 @@ def test_all_gather_object(group, members, big):
         assert same(o, obj_of(r, big))
 
 
-def test_gather_and_scatter_object(group, members):
+@pytest.mark.parametrize("size", ["small", "big", "mixed"])
+def test_gather_and_scatter_object(group, members, size):
+    """Small objects travel in the one collective; big ones (all, or every other rank's) also point to point."""
+
+    def big(r: int) -> bool:
+        return size == "big" or (size == "mixed" and r % 2 == 1)
+
     for root in members:
         out = [None] * len(members) if me() == root else None
-        dist.gather_object(obj_of(me()), out, dst=root, group=group)
+        dist.gather_object(obj_of(me(), big(me())), out, dst=root, group=group)
         if me() == root:
-            assert all(same(o, obj_of(r)) for r, o in zip(members, out))
+            assert all(same(o, obj_of(r, big(r))) for r, o in zip(members, out))
         got = [None]
-        inputs = [obj_of(100 + r) for r in members] if me() == root else None
+        inputs = [obj_of(10 + r, big(r)) for r in members] if me() == root else None
         dist.scatter_object_list(got, inputs, src=root, group=group)
-        assert same(got[0], obj_of(100 + me()))
+        assert same(got[0], obj_of(10 + me(), big(me())))
 
 
 def test_send_recv_object_list():
