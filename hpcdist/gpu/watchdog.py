@@ -163,7 +163,7 @@ class NcclWatchdog:
             self._start()
 
     def forget(self, engine: Any) -> None:
-        """``engine`` is closing: stop asking its communicator for errors."""
+        """``engine`` is closing: stop asking its communicator for errors (returns once no question is under way)."""
         with self._lock:
             self._engines.pop(id(engine), None)
 
@@ -196,7 +196,8 @@ class NcclWatchdog:
                 break
         self.oldest = oldest
         for engine in engines:
-            err = engine.async_error()
+            with self._lock:  # forget() (an engine closing) waits for this: never ask a destroyed communicator
+                err = engine.async_error() if id(engine) in self._engines else None
             if err is not None:
                 return f"hpcdist.DistBackendError: {err}. Ending the job (MPI_Abort).\n"
         return None
