@@ -25,6 +25,10 @@ from .mpi import MPIEngine
 __all__ = ["StagedEngine"]
 
 
+#: bytes per piece of a pipelined all_reduce; arrays of two pieces or more are pipelined
+PIPELINE_CHUNK = 4 << 20
+
+
 class _Staging:
     """The host twins of one operation's device Bufs, and their blocks."""
 
@@ -103,6 +107,7 @@ class StagedEngine:
         self.host = MPIEngine(pg, device_type)
         self.pool = pool if pool is not None else pinned_pool()
         self._lost: list[Any] = []
+        self._streams: dict[int, tuple[Any, Any]] = {}
 
     def _run(
         self,
@@ -185,7 +190,64 @@ class StagedEngine:
         )
 
     def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
+        if buf.arr.nbytes >= 2 * PIPELINE_CHUNK:  # the same choice on every rank: sizes match in all_reduce
+            self._all_reduce_pipelined(buf, rop)
+            return None if sync else Work((), None, None, self.pg._timeout_s, ("all_reduce", self.pg), buf.obj)
         return self._run("all_reduce", [buf], [buf], lambda h, s: self.host.all_reduce(h(buf), rop, sync=s), sync)
+
+    def _all_reduce_pipelined(self, buf: Buf, rop: ResolvedOp) -> None:
+        """All-reduce in PIPELINE_CHUNK pieces: device -> host copies, MPI and host -> device copies overlap.
+
+        Every piece is copied down on one stream, reduced by MPI once its copy
+        is done, and copied back on another stream, while the next pieces are
+        still coming down. Both streams first wait for the array's stream; the
+        call returns (also with ``async_op=True``, whose Work is then
+        complete) once the last piece is back.
+        """
+        check_devices([buf], self.pg, "all_reduce")
+        cupy = require_cupy()
+        rt = _runtime()
+        dev = buf.arr
+        n, item = int(dev.nbytes), int(dev.itemsize)
+        step = max(item, PIPELINE_CHUNK // item * item)
+        down, up = self._pipe_streams(buf.index)
+        ready = cupy.cuda.Event(block=False, disable_timing=True)
+        ready.record(stream_for(buf))
+        down.wait_event(ready)
+        up.wait_event(ready)
+        block = self.pool.acquire(n)
+        host = host_view(block, dev.dtype, (int(dev.size),), n)
+        hptr, dptr = host.__array_interface__["data"][0], int(dev.data.ptr)
+        pieces = []
+        for off in range(0, n, step):
+            k = min(step, n - off)
+            rt.memcpyAsync(hptr + off, dptr + off, k, rt.memcpyDeviceToHost, down.ptr)
+            copied = cupy.cuda.Event(block=False, disable_timing=True)
+            copied.record(down)
+            pieces.append((off, k, copied))
+        try:
+            for off, k, copied in pieces:
+                copied.synchronize()
+                part = Buf(host[off // item : (off + k) // item], buf.obj, buf.dtype, "cpu", None, -1)
+                self.host.all_reduce(part, rop, sync=True)
+                rt.memcpyAsync(dptr + off, hptr + off, k, rt.memcpyHostToDevice, up.ptr)
+            up.synchronize()
+        except BaseException:
+            down.synchronize()
+            self._lost.append(block)  # MPI may still write into it
+            raise
+        self.pool.release(block)
+        _writeback([buf])
+
+    def _pipe_streams(self, device: int) -> tuple[Any, Any]:
+        """Two non-blocking streams of ``device`` (copies down, copies up), made once."""
+        pair = self._streams.get(device)
+        if pair is None:
+            cupy = require_cupy()
+            with cupy.cuda.Device(device):
+                pair = (cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True))
+            self._streams[device] = pair
+        return pair
 
     def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work | None:
         return self._run(

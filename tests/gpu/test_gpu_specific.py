@@ -159,6 +159,40 @@ def test_staging_reuses_pinned_blocks(gpu_path):
     assert pool.allocations == before
 
 
+@pytest.mark.parametrize(
+    ("dtype", "opname"),
+    [("float32", "SUM"), ("float32", "AVG"), ("float32", "PREMUL_SUM"), ("float32", "MAX"), ("float16", "SUM")],
+)
+def test_staged_all_reduce_of_several_pieces_matches_numpy(gpu_path, dtype, opname):
+    """Arrays of two pipeline pieces or more: copies down, MPI and copies up overlap piece by piece."""
+    if dist.group.WORLD.engine("cuda").path != "staged":
+        pytest.skip("staged path only")
+    from hpcdist.backends.mpi_cuda_staged import PIPELINE_CHUNK
+
+    count = (2 * PIPELINE_CHUNK + PIPELINE_CHUNK // 2) // np.dtype(dtype).itemsize + 3  # 2.5 pieces and a ragged end
+    base = np.arange(count) % 7
+    per_rank = [(base + r).astype(dtype) for r in range(n())]
+    op = dist._make_nccl_premul_sum(2.0) if opname == "PREMUL_SUM" else getattr(dist.ReduceOp, opname)
+    wide = np.stack(per_rank).astype(np.float64)
+    want = {"SUM": wide.sum(0), "AVG": wide.sum(0) / n(), "PREMUL_SUM": 2 * wide.sum(0), "MAX": wide.max(0)}[opname]
+    side = cp.cuda.Stream(non_blocking=True)
+    with side:  # produced on a side stream: the pipeline must wait for it
+        x = cp.asarray(per_rank[me()]) * 1
+        work = dist.all_reduce(x, op=op, async_op=True)
+    assert work.is_completed() and work.result()[0] is x
+    got = cp.asnumpy(x).astype(np.float64)
+    assert np.allclose(got, want, rtol=1e-3 if dtype == "float16" else 1e-6), (got[:8], want[:8])
+    if opname != "AVG":
+        assert np.array_equal(got, want)
+    if torch_cuda():  # a non-contiguous tensor: reduced through a contiguous copy and written back
+        m = (torch.arange(2 * count, device="cuda") % 1000).to(torch.float32).reshape(count, 2) + me()
+        t = m[:, 0]  # every other element: a strided view
+        assert not t.is_contiguous()
+        dist.all_reduce(t)
+        expect = (np.arange(0, 2 * count, 2) % 1000).astype(np.float64) * n() + sum(range(n()))
+        assert np.array_equal(t.cpu().numpy().astype(np.float64), expect)
+
+
 def test_nccl_refuses_what_it_lacks_before_anything_moves(gpu_path):
     if dist.get_backend() != "cpu:mpi,cuda:nccl":
         pytest.skip("NCCL path only")
