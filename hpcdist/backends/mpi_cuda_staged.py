@@ -181,6 +181,10 @@ class StagedEngine:
 
     def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work | None:
         me = self._is_root(root)
+        if buf.arr.nbytes >= 2 * PIPELINE_CHUNK:  # the same choice on every rank: sizes match in broadcast
+            return self._pipelined(
+                "broadcast", buf, me, not me, lambda part: self.host.broadcast(part, root, sync=True), sync
+            )
         return self._run(
             "broadcast",
             [buf] if me else [],
@@ -191,20 +195,26 @@ class StagedEngine:
 
     def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
         if buf.arr.nbytes >= 2 * PIPELINE_CHUNK:  # the same choice on every rank: sizes match in all_reduce
-            self._all_reduce_pipelined(buf, rop)
-            return None if sync else Work((), None, None, self.pg._timeout_s, ("all_reduce", self.pg), buf.obj)
+            return self._pipelined(
+                "all_reduce", buf, True, True, lambda part: self.host.all_reduce(part, rop, sync=True), sync
+            )
         return self._run("all_reduce", [buf], [buf], lambda h, s: self.host.all_reduce(h(buf), rop, sync=s), sync)
 
-    def _all_reduce_pipelined(self, buf: Buf, rop: ResolvedOp) -> None:
-        """All-reduce in PIPELINE_CHUNK pieces: device -> host copies, MPI and host -> device copies overlap.
+    def _pipelined(
+        self, name: str, buf: Buf, down_: bool, up_: bool, piece_op: Callable[[Buf], Any], sync: bool
+    ) -> Work | None:
+        """``name`` in PIPELINE_CHUNK pieces: device -> host copies, MPI and host -> device copies overlap.
 
-        Every piece is copied down on one stream, reduced by MPI once its copy
-        is done, and copied back on another stream, while the next pieces are
-        still coming down. Both streams first wait for the array's stream; the
-        call returns (also with ``async_op=True``, whose Work is then
-        complete) once the last piece is back.
+        Each piece is copied down on one stream (when this rank's data goes
+        into the operation: ``down_``), handed to ``piece_op`` (the host
+        engine's blocking call on that piece) once its copy is done, and
+        copied back on another stream (when the result lands here: ``up_``)
+        while the next pieces are still coming down. Both streams first wait
+        for the array's stream. The call returns once the last piece is back,
+        also with ``async_op=True`` (its Work is then complete), so that every
+        rank runs the same pieces.
         """
-        check_devices([buf], self.pg, "all_reduce")
+        check_devices([buf], self.pg, name)
         cupy = require_cupy()
         rt = _runtime()
         dev = buf.arr
@@ -221,23 +231,28 @@ class StagedEngine:
         pieces = []
         for off in range(0, n, step):
             k = min(step, n - off)
-            rt.memcpyAsync(hptr + off, dptr + off, k, rt.memcpyDeviceToHost, down.ptr)
-            copied = cupy.cuda.Event(block=False, disable_timing=True)
-            copied.record(down)
+            copied = None
+            if down_:
+                rt.memcpyAsync(hptr + off, dptr + off, k, rt.memcpyDeviceToHost, down.ptr)
+                copied = cupy.cuda.Event(block=False, disable_timing=True)
+                copied.record(down)
             pieces.append((off, k, copied))
         try:
             for off, k, copied in pieces:
-                copied.synchronize()
-                part = Buf(host[off // item : (off + k) // item], buf.obj, buf.dtype, "cpu", None, -1)
-                self.host.all_reduce(part, rop, sync=True)
-                rt.memcpyAsync(dptr + off, hptr + off, k, rt.memcpyHostToDevice, up.ptr)
+                if copied is not None:
+                    copied.synchronize()
+                piece_op(Buf(host[off // item : (off + k) // item], buf.obj, buf.dtype, "cpu", None, -1))
+                if up_:
+                    rt.memcpyAsync(dptr + off, hptr + off, k, rt.memcpyHostToDevice, up.ptr)
             up.synchronize()
         except BaseException:
             down.synchronize()
             self._lost.append(block)  # MPI may still write into it
             raise
         self.pool.release(block)
-        _writeback([buf])
+        if up_:
+            _writeback([buf])
+        return None if sync else Work((), None, None, self.pg._timeout_s, (name, self.pg), buf.obj)
 
     def _pipe_streams(self, device: int) -> tuple[Any, Any]:
         """Two non-blocking streams of ``device`` (copies down, copies up), made once."""
@@ -250,6 +265,15 @@ class StagedEngine:
         return pair
 
     def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work | None:
+        if buf.arr.nbytes >= 2 * PIPELINE_CHUNK:  # the same choice on every rank: sizes match in reduce
+            return self._pipelined(
+                "reduce",
+                buf,
+                True,
+                self._is_root(root),
+                lambda part: self.host.reduce(part, root, rop, sync=True),
+                sync,
+            )
         return self._run(
             "reduce",
             [buf],

@@ -193,6 +193,26 @@ def test_staged_all_reduce_of_several_pieces_matches_numpy(gpu_path, dtype, opna
         assert np.array_equal(t.cpu().numpy().astype(np.float64), expect)
 
 
+def test_staged_broadcast_and_reduce_of_several_pieces_match_numpy(gpu_path):
+    if dist.group.WORLD.engine("cuda").path != "staged":
+        pytest.skip("staged path only")
+    from hpcdist.backends.mpi_cuda_staged import PIPELINE_CHUNK
+
+    count = (2 * PIPELINE_CHUNK + PIPELINE_CHUNK // 2) // 8 + 5
+    base = np.arange(count, dtype=np.float64) % 11
+    for root in range(n()):
+        x = cp.asarray(base + me())
+        work = dist.broadcast(x, src=root, async_op=True)
+        assert work.is_completed() and work.result()[0] is x
+        assert np.array_equal(cp.asnumpy(x), base + root)
+        y = cp.asarray(base * (me() + 1))
+        dist.reduce(y, dst=root, op=dist.ReduceOp.SUM)
+        if me() == root:
+            assert np.array_equal(cp.asnumpy(y), base * sum(r + 1 for r in range(n())))
+        else:  # a reduce leaves the other ranks' arrays alone
+            assert np.array_equal(cp.asnumpy(y), base * (me() + 1))
+
+
 def test_nccl_refuses_what_it_lacks_before_anything_moves(gpu_path):
     if dist.get_backend() != "cpu:mpi,cuda:nccl":
         pytest.skip("NCCL path only")
