@@ -52,7 +52,7 @@ class PinnedPool:
         self._lock = threading.Lock()
         self.max_free_per_class = max_free_per_class
         self.max_cached_bytes = max_cached_bytes
-        self.allocations = 0  # blocks ever allocated (tests and `hpcdist bench` read it)
+        self.allocations = 0  # blocks ever allocated (the tests read it: reuse means it stays put)
 
     def acquire(self, nbytes: int) -> np.ndarray:
         """A uint8 block of at least ``nbytes`` (its length is the size class)."""
