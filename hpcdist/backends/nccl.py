@@ -246,10 +246,11 @@ class NCCLEngine:
     ) -> CudaEventWork | None:
         """The Work of the operation just enqueued on ``stream``; None for a blocking call.
 
-        A blocking call (``async_op=False``) needs no event: torch's
+        A blocking call (``async_op=False``) needs no Work: torch's
         ``work.wait()`` would make the current stream, which is ``stream``,
         wait for itself. Temporaries die on the host at once, which is safe:
-        CuPy's pool reuses their memory only in order on ``stream``.
+        CuPy's pool reuses their memory only in order on ``stream``. Every
+        operation is noted to the NCCL watchdog (unless it is off).
         """
         if self._watch is not None:
             self._watch.note(stream, (name, self.pg), self.pg._timeout_s, self)
