@@ -25,13 +25,14 @@ import os
 from datetime import timedelta
 
 import pytest
-from gpu_arrays import gpu_missing
+from gpu_arrays import gpu_missing, load_matrix
 
 import hpcdist as dist
 from hpcdist.gpu import set_device_for_local_rank
 
 PATHS = ["staged", "cuda-aware", "nccl"]
-GROUP_KINDS = ["world", "rev", "head", "split"]
+MATRIX = load_matrix()
+GROUP_KINDS = MATRIX.GROUP_KINDS
 _SKIP_NCCL_OPS = {"BAND", "BOR", "BXOR"}
 
 
@@ -110,12 +111,7 @@ def gpu_path(request):
     try:
         dist.init_process_group(backend, timeout=timeout)
         set_device_for_local_rank()
-        n = dist.get_world_size()
-        groups = {"world": None}
-        groups["rev"] = dist.new_group(list(range(n - 1, -1, -1)), sort_ranks=False, backend=backend)
-        groups["head"] = dist.new_group(list(range((n + 1) // 2)), backend=backend)
-        evens, odds = list(range(0, n, 2)), list(range(1, n, 2))
-        groups["split"] = dist.split_group(split_ranks=[evens, odds] if odds else [evens], backend=backend)
+        groups = MATRIX.make_groups(backend)
         for g in groups.values():  # pin each group's CUDA engine while the override is set
             pg = dist.group.WORLD if g is None else g
             if pg is not dist.GroupMember.NON_GROUP_MEMBER and pg is not None:
@@ -139,9 +135,7 @@ def group(request, gpu_path):
 
 @pytest.fixture
 def members(group):
-    if group is dist.GroupMember.NON_GROUP_MEMBER:
-        return []
-    return dist.get_process_group_ranks(group)
+    return MATRIX.members_of(group)
 
 
 @pytest.fixture(autouse=True)

@@ -29,6 +29,13 @@ def _load(name: str, path: Path) -> ModuleType:
 
 
 HOST = _load("hpcdist_host_mpi_arrays", MPI_TESTS / "mpi_arrays.py")
+
+
+def load_matrix() -> ModuleType:
+    """tests/mpi/matrix.py: the groups of the test matrix."""
+    return _load("hpcdist_host_matrix", MPI_TESTS / "matrix.py")
+
+
 torch = HOST.torch
 values, cast = HOST.values, HOST.cast
 DTYPES, FLOATS, INTS = HOST.DTYPES, HOST.FLOATS, HOST.INTS

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from matrix import ring
 from mpi_arrays import KINDS, empty, make, need, to_np, values
 
 import hpcdist as dist
@@ -16,11 +17,7 @@ def me() -> int:
 @pytest.mark.parametrize("kind", KINDS)
 def test_ring_send_recv(group, members, kind):
     need(kind)
-    if len(members) < 2:
-        pytest.skip("needs a group of 2 or more ranks")
-    n = len(members)
-    gr = members.index(me())
-    right, left = members[(gr + 1) % n], members[(gr - 1) % n]
+    gr, right, left = ring(members)
     x = make(kind, values(me(), 6, "float64"), "float64")
     y = empty(kind, (6,), "float64")
     if gr % 2 == 0:
@@ -72,11 +69,7 @@ def test_tags_keep_messages_apart():
 @pytest.mark.parametrize("kind", KINDS)
 def test_batch_isend_irecv_ring(group, members, kind):
     need(kind)
-    if len(members) < 2:
-        pytest.skip("needs a group of 2 or more ranks")
-    n = len(members)
-    gr = members.index(me())
-    right, left = members[(gr + 1) % n], members[(gr - 1) % n]
+    _, right, left = ring(members)
     send_buf = make(kind, values(me(), 5, "float32"), "float32")
     recv_buf = empty(kind, (5,), "float32")
     ops = [dist.P2POp(dist.isend, send_buf, right, group=group), dist.P2POp(dist.irecv, recv_buf, left, group=group)]
