@@ -323,10 +323,6 @@ def _internal_tag(name: str) -> int:
     return internal_tag(name)
 
 
-def _object_tag() -> int:
-    return _internal_tag("objects")
-
-
 def send_object_list(
     object_list: list[Any],
     dst: int | None = None,
@@ -345,7 +341,7 @@ def send_object_list(
 
     peer = _peer(pg, dst, group_dst, "dst", False)
     payload = dumps(list(object_list))
-    _wait(pg, [pg._comm.Isend(payload, peer, _object_tag())], "send_object_list")
+    _wait(pg, [pg._comm.Isend(payload, peer, _internal_tag("objects"))], "send_object_list")
 
 
 def recv_object_list(
@@ -370,7 +366,7 @@ def recv_object_list(
     from .p2p import _peer
 
     peer = _peer(pg, src, group_src, "src", True)
-    tag = _object_tag()
+    tag = _internal_tag("objects")
     status = MPI.Status()
     import time
 

@@ -56,23 +56,15 @@ class _Staging:
 
     def copy(self, bufs: list[Buf], to_host: bool) -> None:
         """Device -> host (``to_host``) or back, for ``bufs``; waits for the copies."""
-        if not bufs:
-            return
         runtime = _runtime()
         kind = runtime.memcpyDeviceToHost if to_host else runtime.memcpyHostToDevice
-        last = None
         streams: dict[int, Any] = {}
         for b in bufs:
             _twin, stream, dptr, hptr, n = self.twins[id(b)]
             if n:
                 src, dst = (dptr, hptr) if to_host else (hptr, dptr)
                 runtime.memcpyAsync(dst, src, n, kind, stream.ptr)
-            if last is None:
-                last = stream
-            elif stream.ptr != last.ptr:
-                streams[int(stream.ptr)] = stream
-        if last is not None:
-            last.synchronize()
+            streams.setdefault(int(stream.ptr), stream)
         synchronize(streams.values())
 
     def release(self) -> None:
@@ -201,14 +193,14 @@ class StagedEngine:
         return self._run("all_reduce", [buf], [buf], lambda h, s: self.host.all_reduce(h(buf), rop, sync=s), sync)
 
     def _pipelined(
-        self, name: str, buf: Buf, down_: bool, up_: bool, piece_op: Callable[[Buf], Any], sync: bool
+        self, name: str, buf: Buf, reads: bool, writes: bool, piece_op: Callable[[Buf], Any], sync: bool
     ) -> Work | None:
         """``name`` in PIPELINE_CHUNK pieces: device -> host copies, MPI and host -> device copies overlap.
 
-        Each piece is copied down on one stream (when this rank's data goes
-        into the operation: ``down_``), handed to ``piece_op`` (the host
-        engine's blocking call on that piece) once its copy is done, and
-        copied back on another stream (when the result lands here: ``up_``)
+        Each piece is copied down on one stream (when MPI reads this rank's
+        array: ``reads``), handed to ``piece_op`` (the host engine's blocking
+        call on that piece) once its copy is done, and copied back on another
+        stream (when MPI writes this rank's array: ``writes``)
         while the next pieces are still coming down. Both streams first wait
         for the array's stream. The call returns once the last piece is back,
         also with ``async_op=True`` (its Work is then complete), so that every
@@ -232,7 +224,7 @@ class StagedEngine:
         for off in range(0, n, step):
             k = min(step, n - off)
             copied = None
-            if down_:
+            if reads:
                 rt.memcpyAsync(hptr + off, dptr + off, k, rt.memcpyDeviceToHost, down.ptr)
                 copied = cupy.cuda.Event(block=False, disable_timing=True)
                 copied.record(down)
@@ -242,7 +234,7 @@ class StagedEngine:
                 if copied is not None:
                     copied.synchronize()
                 piece_op(Buf(host[off // item : (off + k) // item], buf.obj, buf.dtype, "cpu", None, -1))
-                if up_:
+                if writes:
                     rt.memcpyAsync(dptr + off, hptr + off, k, rt.memcpyHostToDevice, up.ptr)
             up.synchronize()
         except BaseException:
@@ -250,7 +242,7 @@ class StagedEngine:
             self._lost.append(block)  # MPI may still write into it
             raise
         self.pool.release(block)
-        if up_:
+        if writes:
             _writeback([buf])
         return None if sync else Work((), None, None, self.pg._timeout_s, (name, self.pg), buf.obj)
 
