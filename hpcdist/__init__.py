@@ -53,6 +53,7 @@ from .collectives import (
 )
 from .debug import DebugLevel, breakpoint, get_debug_level, monitored_barrier, set_debug_level, set_debug_level_from_env
 from .errors import DistBackendError, DistError, DistNetworkError, DistStoreError, DistTimeoutError, QueueEmptyError
+from .flight import dump_flight_recorder
 from .gpu import cuda_aware_mpi, device_for_local_rank, set_device_for_local_rank
 from .group import (
     GroupMember,
@@ -127,6 +128,7 @@ __all__ = [
     "cuda_aware_mpi",
     "destroy_process_group",
     "device_for_local_rank",
+    "dump_flight_recorder",
     "gather",
     "gather_object",
     "get_backend",

@@ -15,7 +15,7 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
-from . import config
+from . import config, flight
 from ._watchdog import abort_job
 from ._world import WORLD, not_initialized
 from .backends import parse_backend
@@ -95,6 +95,7 @@ def init_process_group(
     WORLD.joined_comm = joined.comm
     export_torchrun_env(comm, comm.Get_rank(), n, store=group_store)
     set_debug_level_from_env()  # HPCDIST_DEBUG / TORCH_DISTRIBUTED_DEBUG, read once per init
+    flight.install()  # the dump directory, fixed now; the SIGUSR2 handler where the program has none
     if n > 1 and config.abort_on_exception():
         _install_abort_hook()
 

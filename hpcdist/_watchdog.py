@@ -74,6 +74,9 @@ def abort_job(text: str, code: int) -> None:
     ports when this process was started without a launcher.
     """
     try:
+        from .flight import on_abort
+
+        on_abort(text)  # the flight recorder's dump (it names its file on stderr)
         sys.stdout.flush()
         sys.stderr.write(text)
         sys.stderr.flush()

@@ -26,6 +26,7 @@ import numpy as np
 from .buffers.adapters import Buf, adapt, adapt_list
 from .buffers.packing import pack, unpack
 from .debug import DETAIL, check_collective
+from .flight import END, attach
 from .group import ProcessGroup, group_rank, resolve_group
 from .ops import RedOpType, resolve_op
 from .work import Work
@@ -52,18 +53,28 @@ __all__ = [
 SUM = RedOpType.SUM
 
 
-def _engine(pg: ProcessGroup, buf: Buf, desc: str) -> Any:
-    """The group's engine for ``buf``'s device; in debug DETAIL mode, check every rank calls ``desc`` first."""
+def _engine(pg: ProcessGroup, buf: Buf, desc: str, root: int = -1) -> tuple[Any, list[Any] | None]:
+    """The group's engine for ``buf``'s device and the call's flight-recorder entry (None when off).
+
+    In debug DETAIL mode, first check that every rank calls ``desc``.
+    """
+    fr = pg._flight
+    entry = None if fr is None else fr.coll(desc, buf.dtype, buf.arr.size, root)
     if DETAIL[0]:
         check_collective(pg, f"{desc}({buf.dtype})")
-    return pg.engine(buf.device)
+    return pg.engine(buf.device), entry
 
 
-def _done(work: Work | None, async_op: bool) -> Work | None:
+def _done(work: Work | None, async_op: bool, entry: list[Any] | None) -> Work | None:
+    """Wait for a blocking call (marking its flight entry completed), or hand back the async Work."""
     if async_op:
+        if entry is not None and work is not None:
+            attach(entry, work)
         return work
     if work is not None:
         work.wait()
+    if entry is not None:
+        entry[END] = True
     return None
 
 
@@ -130,7 +141,8 @@ def broadcast(
         return None
     root = group_rank(pg, src, group_src, "src")
     buf = adapt(tensor, "tensor", pg._rank != root)
-    return _done(_engine(pg, buf, "broadcast").broadcast(buf, root, sync=not async_op), async_op)
+    eng, entry = _engine(pg, buf, "broadcast", root)
+    return _done(eng.broadcast(buf, root, sync=not async_op), async_op, entry)
 
 
 def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = False) -> Work | None:
@@ -144,13 +156,19 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
         return None
     buf = adapt(tensor, "tensor", True)
     rop = resolve_op(op, buf.dtype)
+    fr = pg._flight  # the hot path: _engine and _done inlined
+    entry = None if fr is None else fr.coll("all_reduce", buf.dtype, buf.arr.size, -1)
     if DETAIL[0]:
         check_collective(pg, f"all_reduce({buf.dtype}, {rop.kind.name})")
     work = pg.engine(buf.device).all_reduce(buf, rop, not async_op)
     if async_op:
+        if entry is not None:
+            attach(entry, work)
         return work
     if work is not None:
         work.wait()
+    if entry is not None:
+        entry[END] = True
     return None
 
 
@@ -169,7 +187,8 @@ def reduce(
     root = group_rank(pg, dst, group_dst, "dst")
     buf = adapt(tensor, "tensor", pg._rank == root)
     rop = resolve_op(op, buf.dtype)
-    return _done(_engine(pg, buf, "reduce").reduce(buf, root, rop, sync=not async_op), async_op)
+    eng, entry = _engine(pg, buf, "reduce", root)
+    return _done(eng.reduce(buf, root, rop, sync=not async_op), async_op, entry)
 
 
 def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, async_op: bool = False) -> Work | None:
@@ -183,11 +202,23 @@ def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, a
     _same_kind(bufs[0], bufs[1:], "tensors")
     rop = resolve_op(op, bufs[0].dtype, "op")
     if bufs[0].device != "cpu":
-        works = [_engine(pg, b, "all_reduce").all_reduce(b, rop, sync=False) for b in bufs]
-        return _done(combine(works, "all_reduce_coalesced", pg), async_op)
+        return _done(_parts(pg, [(b, (b, rop)) for b in bufs], "all_reduce", "all_reduce_coalesced"), async_op, None)
     flat = pack(bufs, bufs[0].arr.dtype)
     packed = Buf(flat, tensors, bufs[0].dtype, "cpu", lambda: unpack(flat, bufs))
-    return _done(pg.engine("cpu").all_reduce(packed, rop, sync=not async_op), async_op)
+    eng, entry = _engine(pg, packed, "all_reduce_coalesced")
+    return _done(eng.all_reduce(packed, rop, sync=not async_op), async_op, entry)
+
+
+def _parts(pg: ProcessGroup, calls: list[tuple[Buf, tuple]], method: str, name: str) -> Work:
+    """Start ``engine.method(*args)`` for each ``(buf, args)`` (one flight entry each); one Work over all."""
+    works = []
+    for buf, args in calls:
+        eng, entry = _engine(pg, buf, method)
+        work = getattr(eng, method)(*args, sync=False)
+        if entry is not None:
+            attach(entry, work)
+        works.append(work)
+    return combine(works, name, pg)
 
 
 def combine(works: list[Any], name: str, pg: ProcessGroup) -> Work:
@@ -226,7 +257,8 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
         return None
     inp = adapt(tensor, "tensor", False)
     outs = _per_rank(pg, tensor_list, "tensor_list", True, inp, "tensor")
-    return _done(_engine(pg, inp, "all_gather").all_gather(outs, inp, sync=not async_op), async_op)
+    eng, entry = _engine(pg, inp, "all_gather")
+    return _done(eng.all_gather(outs, inp, sync=not async_op), async_op, entry)
 
 
 def all_gather_into_tensor(
@@ -240,7 +272,8 @@ def all_gather_into_tensor(
     out = adapt(output_tensor, "output_tensor", True)
     _same(out, inp, "output_tensor", "input_tensor")
     _group_multiple(pg, out, "output_tensor", inp, "input")
-    return _done(_engine(pg, inp, "all_gather_into").all_gather_into(out, inp, sync=not async_op), async_op)
+    eng, entry = _engine(pg, inp, "all_gather_into")
+    return _done(eng.all_gather_into(out, inp, sync=not async_op), async_op, entry)
 
 
 def all_gather_single(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
@@ -267,8 +300,9 @@ def all_gather_coalesced(
         inp = adapt(inp_obj, f"input_tensor_list[{i}]", False)
         outs = _per_rank(pg, outl, f"output_tensor_lists[{i}]", True, inp, f"input_tensor_list[{i}]")
         checked.append((outs, inp))
-    works = [_engine(pg, inp, "all_gather").all_gather(outs, inp, sync=False) for outs, inp in checked]
-    return _done(combine(works, "all_gather_coalesced", pg), async_op)
+    return _done(
+        _parts(pg, [(inp, (outs, inp)) for outs, inp in checked], "all_gather", "all_gather_coalesced"), async_op, None
+    )
 
 
 def _root_list(
@@ -303,7 +337,8 @@ def gather(
     root = group_rank(pg, 0 if dst is None and group_dst is None else dst, group_dst, "dst")
     inp = adapt(tensor, "tensor", False)
     outs = _root_list(pg, root, gather_list, "gather_list", inp, True, "destination")
-    return _done(_engine(pg, inp, "gather").gather(inp, outs, root, sync=not async_op), async_op)
+    eng, entry = _engine(pg, inp, "gather", root)
+    return _done(eng.gather(inp, outs, root, sync=not async_op), async_op, entry)
 
 
 def scatter(
@@ -325,7 +360,8 @@ def scatter(
     root = group_rank(pg, 0 if src is None and group_src is None else src, group_src, "src")
     out = adapt(tensor, "tensor", True)
     ins = _root_list(pg, root, scatter_list, "scatter_list", out, False, "source")
-    return _done(_engine(pg, out, "scatter").scatter(out, ins, root, sync=not async_op), async_op)
+    eng, entry = _engine(pg, out, "scatter", root)
+    return _done(eng.scatter(out, ins, root, sync=not async_op), async_op, entry)
 
 
 # ------------------------------------------------------------------ reduce-scatter
@@ -345,7 +381,8 @@ def reduce_scatter(
     out = adapt(output, "output", True)
     ins = _per_rank(pg, input_list, "input_list", False, out, "output")
     rop = resolve_op(op, out.dtype)
-    return _done(_engine(pg, out, "reduce_scatter").reduce_scatter(out, ins, rop, sync=not async_op), async_op)
+    eng, entry = _engine(pg, out, "reduce_scatter")
+    return _done(eng.reduce_scatter(out, ins, rop, sync=not async_op), async_op, entry)
 
 
 def reduce_scatter_tensor(
@@ -360,9 +397,8 @@ def reduce_scatter_tensor(
     _same(out, inp, "output", "input")
     _group_multiple(pg, inp, "input", out, "output")
     rop = resolve_op(op, out.dtype)
-    return _done(
-        _engine(pg, out, "reduce_scatter_tensor").reduce_scatter_tensor(out, inp, rop, sync=not async_op), async_op
-    )
+    eng, entry = _engine(pg, out, "reduce_scatter_tensor")
+    return _done(eng.reduce_scatter_tensor(out, inp, rop, sync=not async_op), async_op, entry)
 
 
 def reduce_scatter_single(
@@ -392,7 +428,8 @@ def all_to_all(
         raise ValueError(
             f"input_tensor_list[{pg._rank}] and output_tensor_list[{pg._rank}] (this rank to itself) must have equal sizes"
         )
-    return _done(_engine(pg, ins[0], "all_to_all").all_to_all(outs, ins, sync=not async_op), async_op)
+    eng, entry = _engine(pg, ins[0], "all_to_all")
+    return _done(eng.all_to_all(outs, ins, sync=not async_op), async_op, entry)
 
 
 def _split_counts(splits: Any, n: int, rows: int, row_elems: int, argname: str, tensor_name: str) -> list[int]:
@@ -448,9 +485,8 @@ def all_to_all_single(
             f"{rcounts[pg._rank] // max(out_row, 1)}; input_split_sizes[{pg._rank}] and "
             f"output_split_sizes[{pg._rank}] must match"
         )
-    return _done(
-        _engine(pg, inp, "all_to_all_single").all_to_all_single(out, inp, rcounts, scounts, sync=not async_op), async_op
-    )
+    eng, entry = _engine(pg, inp, "all_to_all_single")
+    return _done(eng.all_to_all_single(out, inp, rcounts, scounts, sync=not async_op), async_op, entry)
 
 
 # ------------------------------------------------------------------ barrier
@@ -466,8 +502,15 @@ def barrier(
     if timeout is not None and not isinstance(timeout, timedelta):
         raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
     bmap = pg._backend_map  # an NCCL-only group has no cpu engine: its engine's barrier runs over MPI
+    fr = pg._flight
+    entry = None if fr is None else fr.coll("barrier", None, 0, -1)
     work = pg.engine("cpu" if "cpu" in bmap else next(iter(bmap))).barrier(sync=not async_op and timeout is None)
-    if work is not None and not async_op:
+    if async_op:
+        if entry is not None and work is not None:
+            attach(entry, work)
+        return work
+    if work is not None:
         work.wait(timeout)
-        return None
-    return work
+    if entry is not None:
+        entry[END] = True
+    return None

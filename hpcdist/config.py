@@ -28,6 +28,14 @@ Knobs are read when asked for (never at import time), so a program may set
                                  ``poll`` (non-blocking MPI call polled
                                  against the timeout; a timeout raises a
                                  catchable DistTimeoutError; slower)
+``HPCDIST_FLIGHT_RECORDER``      entries of each group's flight recorder
+                                 ring (default 2000; ``0``: off, and no
+                                 SIGUSR2 handler)
+``HPCDIST_FLIGHT_DIR``           where dumps go, one ``rank-<R>.json`` per
+                                 rank (default ``./hpcdist-flight``)
+``HPCDIST_FLIGHT_DUMP``          ``1`` (default): dump on a timeout error
+                                 or an abort; ``0``: only on SIGUSR2 and
+                                 ``dump_flight_recorder()``
 ===============================  ===========================================
 """
 
@@ -43,6 +51,9 @@ __all__ = [
     "debug_level",
     "default_timeout",
     "env_flag",
+    "flight_dir",
+    "flight_dump_on_error",
+    "flight_recorder_size",
     "nccl_watchdog_enabled",
     "object_unpickler",
     "wait_mode",
@@ -59,6 +70,9 @@ KNOBS: dict[str, str] = {
     "HPCDIST_STORE_SECRET_FILE": "file (0600) holding the TCP store secret",
     "HPCDIST_OBJECT_UNPICKLER": "full (default) | restricted",
     "HPCDIST_WAIT": "block (default) | poll: how blocking collectives wait (docs/sharp-bits.md)",
+    "HPCDIST_FLIGHT_RECORDER": "entries kept per group by the flight recorder (2000; 0: off)",
+    "HPCDIST_FLIGHT_DIR": "directory of flight recorder dumps (./hpcdist-flight)",
+    "HPCDIST_FLIGHT_DUMP": "1: dump the flight recorder on a timeout or an abort (default); 0: off",
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -136,3 +150,35 @@ def object_unpickler() -> str:
     if raw not in ("full", "restricted"):
         raise ValueError(f"HPCDIST_OBJECT_UNPICKLER must be 'full' or 'restricted', got {raw!r}")
     return raw
+
+
+#: entries per group when ``HPCDIST_FLIGHT_RECORDER`` is unset (torch's TORCH_NCCL_TRACE_BUFFER_SIZE is
+#: often set to 2000); an entry is a list of 9 small fields, ~200 bytes
+DEFAULT_FLIGHT_ENTRIES = 2000
+
+
+def flight_recorder_size() -> int:
+    """Entries kept per group by the flight recorder (``HPCDIST_FLIGHT_RECORDER``; 0: off)."""
+    raw = os.environ.get("HPCDIST_FLIGHT_RECORDER")
+    if raw is None or raw.strip() == "":
+        return DEFAULT_FLIGHT_ENTRIES
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(
+            f"environment variable HPCDIST_FLIGHT_RECORDER must be a number of entries (0: off), got {raw!r}"
+        ) from None
+    if n < 0:
+        raise ValueError(f"environment variable HPCDIST_FLIGHT_RECORDER must be >= 0, got {raw!r}")
+    return n
+
+
+def flight_dir() -> str:
+    """The directory flight recorder dumps go to (``HPCDIST_FLIGHT_DIR``, default ``hpcdist-flight``)."""
+    raw = os.environ.get("HPCDIST_FLIGHT_DIR", "").strip()
+    return raw or "hpcdist-flight"
+
+
+def flight_dump_on_error() -> bool:
+    """Whether a timeout error or an abort dumps the flight recorder (``HPCDIST_FLIGHT_DUMP``)."""
+    return bool(env_flag("HPCDIST_FLIGHT_DUMP", True))

@@ -27,6 +27,7 @@ from . import config
 from ._world import WORLD, not_initialized
 from .backends import backend_factory, parse_backend
 from .errors import DistTimeoutError
+from .flight import new_ring
 from .work import wait_requests
 
 __all__ = [
@@ -79,6 +80,7 @@ class ProcessGroup:
         self._store = store
         self._destroyed = False
         self._block = config.wait_mode() == "block"  # HPCDIST_WAIT: how blocking calls wait
+        self._flight = new_ring()  # this group's last operations (hpcdist.flight), None when off
         self.bound_device_id: Any = None
 
     # torch's ProcessGroup API

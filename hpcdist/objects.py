@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import io
 import pickle
+import time
 from typing import Any
 
 import numpy as np
 
 from . import config
 from .errors import DistTimeoutError
+from .flight import END
 from .group import ProcessGroup, group_rank, resolve_group
 from .work import timeout_error, wait_requests
 
@@ -140,6 +142,19 @@ def _wait(pg: ProcessGroup, reqs: list[Any], what: str) -> None:
         raise timeout_error((what, pg), pg._timeout_s)
 
 
+def _record(pg: ProcessGroup, op: str, peer: int, p2p: bool = False) -> list[Any] | None:
+    """The flight-recorder entry of an object operation (None when recording is off)."""
+    fr = pg._flight
+    if fr is None:
+        return None
+    return fr.p2p(op, None, 0, peer) if p2p else fr.coll(op, None, 0, peer)
+
+
+def _complete(entry: list[Any] | None) -> None:
+    if entry is not None:
+        entry[END] = time.time()
+
+
 def _counts_displs(lengths: np.ndarray) -> tuple[list[int], list[int]]:
     counts = [int(x) for x in lengths]
     displs = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64).tolist()
@@ -169,6 +184,7 @@ def broadcast_object_list(
     if not isinstance(object_list, list):
         raise TypeError(f"object_list must be a list, got {type(object_list).__name__}")
     root = _root(pg, src, group_src, "src", default_zero=True)
+    entry = _record(pg, "broadcast_object_list", root)
     comm = pg._comm
     first = np.zeros(_FIRST, dtype=np.uint8)
     payload = None
@@ -196,6 +212,7 @@ def broadcast_object_list(
                 "every rank must pass a list of the same length"
             )
         object_list[:] = received
+    _complete(entry)
 
 
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
@@ -208,6 +225,7 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
             f"object_list must be a list with one entry per rank of the group ({pg._size}), got "
             f"{len(object_list) if isinstance(object_list, list) else type(object_list).__name__}"
         )
+    entry = _record(pg, "all_gather_object", -1)
     comm = pg._comm
     mine = dumps(obj)
     table = np.empty((pg._size, _CHUNK), dtype=np.uint8)
@@ -216,12 +234,14 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
     if lengths.max() <= _CHUNK - _HEAD:  # every object fitted its chunk: one exchange
         for r in range(pg._size):
             object_list[r] = loads(table[r, _HEAD : _HEAD + int(lengths[r])])
+        _complete(entry)
         return
     counts, displs = _counts_displs(lengths)
     flat = np.empty(int(lengths.sum()), dtype=np.uint8)
     _wait(pg, [comm.Iallgatherv(mine, [flat, (counts, displs)])], "all_gather_object")
     for r in range(pg._size):
         object_list[r] = loads(flat[displs[r] : displs[r] + counts[r]])
+    _complete(entry)
 
 
 def gather_object(
@@ -245,6 +265,7 @@ def gather_object(
             )
     elif object_gather_list is not None:
         raise ValueError("object_gather_list must be None on ranks other than the destination")
+    entry = _record(pg, "gather_object", root)
     comm = pg._comm
     mine = dumps(obj)
     fits = mine.size <= _CHUNK - _HEAD
@@ -255,6 +276,7 @@ def gather_object(
         reqs.append(comm.Isend(mine, root, tag))
     _wait(pg, reqs, "gather_object")
     if not is_root:
+        _complete(entry)
         return
     assert table is not None and object_gather_list is not None
     lengths = table[:, :_HEAD].copy().view(np.int64).reshape(-1)
@@ -270,6 +292,7 @@ def gather_object(
             object_gather_list[r] = loads(mine)
         else:
             object_gather_list[r] = loads(table[r, _HEAD : _HEAD + int(lengths[r])])
+    _complete(entry)
 
 
 def scatter_object_list(
@@ -292,6 +315,7 @@ def scatter_object_list(
             f"scatter_object_input_list must be a list with one object per rank of the group ({pg._size}) on the "
             "source rank"
         )
+    entry = _record(pg, "scatter_object_list", root)
     comm = pg._comm
     tag = _internal_tag("object_scatter")
     mine = np.empty(_CHUNK, dtype=np.uint8)
@@ -312,6 +336,7 @@ def scatter_object_list(
             out = np.empty(length, dtype=np.uint8)
             _wait(pg, [comm.Irecv(out, root, tag)], "scatter_object_list")
     scatter_object_output_list[0] = loads(out)
+    _complete(entry)
 
 
 # ------------------------------------------------------------------ point to point
@@ -341,7 +366,9 @@ def send_object_list(
 
     peer = _peer(pg, dst, group_dst, "dst", False)
     payload = dumps(list(object_list))
+    entry = _record(pg, "send_object_list", peer, True)
     _wait(pg, [pg._comm.Isend(payload, peer, _internal_tag("objects"))], "send_object_list")
+    _complete(entry)
 
 
 def recv_object_list(
@@ -368,8 +395,7 @@ def recv_object_list(
     peer = _peer(pg, src, group_src, "src", True)
     tag = _internal_tag("objects")
     status = MPI.Status()
-    import time
-
+    entry = _record(pg, "recv_object_list", peer, True)
     deadline = time.monotonic() + pg._timeout_s
     msg = pg._comm.Improbe(peer, tag, status)
     while msg is None:
@@ -387,4 +413,5 @@ def recv_object_list(
     if len(received) != len(object_list):
         raise ValueError(f"object_list has {len(object_list)} entries but rank {sender} sent {len(received)} objects")
     object_list[:] = received
+    _complete(entry)
     return sender

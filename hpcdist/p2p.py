@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .buffers.adapters import adapt
+from .flight import END, attach
 from .group import ProcessGroup, group_rank, resolve_group
 from .work import Work
 
@@ -78,7 +79,11 @@ def isend(
     t = _check_tag(tag)
     peer = _peer(pg, dst, group_dst, "dst", False)
     buf = adapt(tensor, "tensor", False)
-    return pg.engine(buf.device).send(buf, peer, t)
+    fr = pg._flight
+    work = pg.engine(buf.device).send(buf, peer, t)
+    if fr is not None:
+        attach(fr.p2p("isend", buf.dtype, buf.arr.size, peer), work)
+    return work
 
 
 def irecv(
@@ -91,7 +96,11 @@ def irecv(
     t = _check_tag(tag)
     peer = _peer(pg, src, group_src, "src", True)
     buf = adapt(tensor, "tensor", True)
-    return pg.engine(buf.device).recv(buf, peer, t)
+    fr = pg._flight
+    work = pg.engine(buf.device).recv(buf, peer, t)
+    if fr is not None:
+        attach(fr.p2p("irecv", buf.dtype, buf.arr.size, peer), work)
+    return work
 
 
 def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> None:
@@ -102,12 +111,16 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, g
     t = _check_tag(tag)
     peer = _peer(pg, dst, group_dst, "dst", False)
     buf = adapt(tensor, "tensor", False)
+    fr = pg._flight
+    entry = None if fr is None else fr.p2p("send", buf.dtype, buf.arr.size, peer)
     eng = pg.engine(buf.device)
     now = getattr(eng, "send_now", None)
     if now is not None:
         now(buf, peer, t)
     else:
         eng.send(buf, peer, t).wait()
+    if entry is not None:
+        entry[END] = True
 
 
 def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> int:
@@ -122,13 +135,19 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, g
     t = _check_tag(tag)
     peer = _peer(pg, src, group_src, "src", True)
     buf = adapt(tensor, "tensor", True)
+    fr = pg._flight
+    entry = None if fr is None else fr.p2p("recv", buf.dtype, buf.arr.size, peer)
     eng = pg.engine(buf.device)
     now = getattr(eng, "recv_now", None)
     if now is not None:
-        return int(now(buf, peer, t))
-    work = eng.recv(buf, peer, t)
-    work.wait()
-    return work.source_rank()
+        source = int(now(buf, peer, t))
+    else:
+        work = eng.recv(buf, peer, t)
+        work.wait()
+        source = work.source_rank()
+    if entry is not None:
+        entry[END] = True
+    return source
 
 
 class P2POp:
@@ -197,4 +216,8 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     for eng, idx, ops in batches.values():
         for i, w in zip(idx, eng.batch_p2p(ops)):
             works[i] = w
+    for (pg, is_send, peer, _, buf), w in zip(prepared, works):
+        fr = pg._flight
+        if fr is not None and w is not None:
+            attach(fr.p2p("isend" if is_send else "irecv", buf.dtype, buf.arr.size, peer), w)
     return [w for w in works if w is not None]

@@ -77,11 +77,15 @@ def wait_requests(reqs: Sequence[Any], timeout_s: float, status: Any = None) -> 
 def timeout_error(name: Any, limit: float) -> DistTimeoutError:
     """The error of an operation (``name``: a str or ``(opname, group)``) that outlived ``limit`` s."""
     desc = name if isinstance(name, str) else f"{name[0]} on {name[1]!r}"
-    return DistTimeoutError(
+    err = DistTimeoutError(
         f"{desc} did not complete within {limit:g}s: a peer may have died, be stuck, or have called a different "
         "operation (every rank of the group must make the same calls in the same order); raise the timeout with "
         "init_process_group(timeout=...) or HPCDIST_TIMEOUT if it is just slow"
     )
+    from .flight import on_timeout
+
+    on_timeout(str(err))  # the flight recorder's dump, before anyone catches the error
+    return err
 
 
 class Work:
@@ -93,6 +97,7 @@ class Work:
     """
 
     __slots__ = (
+        "__weakref__",  # the flight recorder reads an async operation's state through a weak reference
         "_done",
         "_exc",
         "_future",
