@@ -95,7 +95,7 @@ def init_process_group(
     WORLD.joined_comm = joined.comm
     export_torchrun_env(comm, comm.Get_rank(), n, store=group_store)
     set_debug_level_from_env()  # HPCDIST_DEBUG / TORCH_DISTRIBUTED_DEBUG, read once per init
-    flight.install()  # the dump directory, fixed now; the SIGUSR2 handler where the program has none
+    flight.install(group_store if n > 1 else None)  # dump directory, dump requests, SIGUSR2 (docs/debugging.md)
     if n > 1 and config.abort_on_exception():
         _install_abort_hook()
 
@@ -162,6 +162,7 @@ def destroy_process_group(group: Any = None) -> None:
             raise not_initialized()
         owned = WORLD.store if WORLD.store_owned else None
         joined = WORLD.joined_comm
+        flight.stop()  # its store connection, before the store closes
         for pg in list(WORLD.groups.values()):
             destroy_group(pg)
         WORLD.reset()

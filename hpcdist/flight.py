@@ -18,6 +18,8 @@ made absolute at init), when:
 
 - a timeout error is raised (:class:`~hpcdist.errors.DistTimeoutError`),
 - the job is aborted (the block-mode watchdog, an unhandled exception),
+- another rank asks (it timed out or aborts: it posts a request to the
+  default group's TCP store, which a thread on every rank waits on at no cost),
 - the process gets ``SIGUSR2`` (handler installed at init only where the
   program has none; a helper thread writes the dump, so it works while the main
   thread is blocked inside MPI),
@@ -42,7 +44,18 @@ from typing import Any
 
 from . import config
 
-__all__ = ["FORMAT_VERSION", "Ring", "dump", "dump_flight_recorder", "install", "new_ring", "on_abort", "on_timeout"]
+__all__ = [
+    "FORMAT_VERSION",
+    "Ring",
+    "attach",
+    "dump",
+    "dump_flight_recorder",
+    "install",
+    "new_ring",
+    "on_abort",
+    "on_timeout",
+    "stop",
+]
 
 #: version of the dump file's layout (``"version"`` in every file)
 FORMAT_VERSION = 1
@@ -262,23 +275,114 @@ def dump_flight_recorder(reason: str = "dump_flight_recorder() called") -> str |
 
 
 def on_timeout(message: str) -> None:
-    """A DistTimeoutError is being raised: dump (hot paths never get here)."""
+    """A DistTimeoutError is being raised: dump, and ask every other rank to dump (once per process)."""
     if _STATE["dir"] is not None and config.flight_dump_on_error():
-        dump(f"timeout: {message}", announce=True)
+        reason = f"timeout: {message}"
+        _request_all(reason)
+        dump(reason, announce=True)
 
 
 def on_abort(message: str) -> None:
-    """The job is about to be aborted (watchdog, unhandled exception): dump first."""
+    """The job is about to be aborted (watchdog, unhandled exception): dump, here and on every rank, first."""
     if _STATE["dir"] is not None and config.flight_dump_on_error():
-        dump(f"abort: {message.strip()}", announce=True)
+        reason = f"abort: {message.strip()}"
+        asked = _request_all(reason)
+        dump(reason, announce=True)
+        if asked:
+            time.sleep(_GRACE_S)  # let the other ranks write their files before MPI_Abort ends them
+
+
+# ------------------------------------------------------------------ every rank dumps: requests through the store
+
+_KEY = "hpcdist/flight/dump"
+_GRACE_S = 1.0  # how long an aborting rank waits for the others' dumps
+_REQUEST_S = 2.0  # at most this long to post the request (a dead store server must not delay the abort)
+
+
+def _watch(store: Any) -> None:
+    """A thread parked in the group store's ``wait`` (no cost: the server holds the request) for dump requests.
+
+    Only a TCP store parks a wait server-side; with another store the ranks
+    dump on their own errors only. The thread ends when the store closes.
+    """
+    if type(store).__name__ != "TCPStore" or _STATE.get("watch") is not None:
+        return
+    try:
+        watch = store.clone()
+    except Exception:
+        return
+    from datetime import timedelta
+
+    from .errors import DistTimeoutError
+
+    def run() -> None:
+        k = 1
+        while True:
+            try:
+                watch.wait([f"{_KEY}/{k}"], timedelta(days=7))
+                why = watch.get(f"{_KEY}/{k}").decode("utf-8", "replace")
+            except DistTimeoutError:
+                continue
+            except Exception:  # the store closed: the job is over
+                return
+            k += 1
+            dump(f"requested by another rank: {why}")  # silent: the requester says where the files go
+
+    _STATE["watch"] = watch
+    threading.Thread(target=run, name="hpcdist-flight-watch", daemon=True).start()
+
+
+def _request_all(reason: str) -> bool:
+    """Ask every rank to dump (the first time only); True when the request was posted."""
+    store = _STATE.get("watch")
+    if store is None or _STATE.get("requested"):
+        return False
+    _STATE["requested"] = True
+    from ._world import WORLD
+
+    rank = -1 if WORLD.default_pg is None else WORLD.default_pg._rank
+    posted: list[bool] = []
+
+    def post() -> None:
+        try:
+            own = store.clone()  # the watcher's connection is parked in wait: a connection of our own
+            try:
+                n = own.add(f"{_KEY}/count", 1)
+                own.set(f"{_KEY}/{n}", f"rank {rank}: {reason}"[:2000].encode())
+                posted.append(True)
+            finally:
+                own.close()
+        except Exception:
+            pass
+
+    t = threading.Thread(target=post, name="hpcdist-flight-request", daemon=True)
+    t.start()
+    t.join(_REQUEST_S)
+    return bool(posted)
+
+
+def stop() -> None:
+    """At destroy_process_group: close the watcher's store connection (its thread then ends)."""
+    watch = _STATE.pop("watch", None)
+    _STATE.pop("requested", None)
+    if watch is not None:
+        try:
+            watch.close()
+        except Exception:
+            pass
 
 
 # ------------------------------------------------------------------ SIGUSR2
 
 
-def install() -> None:
-    """At init: fix the dump directory and install the SIGUSR2 handler if the program has none."""
+def install(store: Any = None) -> None:
+    """At init: fix the dump directory, watch ``store`` for dump requests, install the SIGUSR2 handler.
+
+    The SIGUSR2 handler is installed only where the program has none.
+    """
     _STATE["dir"] = os.path.abspath(config.flight_dir())
+    if store is not None and config.flight_recorder_size() > 0 and config.flight_dump_on_error():
+        _watch(store)
     if config.flight_recorder_size() <= 0 or threading.current_thread() is not threading.main_thread():
         return  # off, or not the main thread (only it may install signal handlers)
     sig = signal.SIGUSR2
