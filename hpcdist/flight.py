@@ -160,7 +160,7 @@ def attach(entry: list[Any], work: Any) -> None:
 
 # ------------------------------------------------------------------ dumping
 
-_STATE: dict[str, Any] = {"dir": None, "announced": set(), "reader": None}
+_STATE: dict[str, Any] = {"dir": None, "auto": False, "announced": set(), "reader": None}
 _LOCK = threading.Lock()
 
 
@@ -276,7 +276,7 @@ def dump_flight_recorder(reason: str = "dump_flight_recorder() called") -> str |
 
 def on_timeout(message: str) -> None:
     """A DistTimeoutError is being raised: dump, and ask every other rank to dump (once per process)."""
-    if _STATE["dir"] is not None and config.flight_dump_on_error():
+    if _STATE.get("auto"):
         reason = f"timeout: {message}"
         _request_all(reason)
         dump(reason, announce=True)
@@ -284,7 +284,7 @@ def on_timeout(message: str) -> None:
 
 def on_abort(message: str) -> None:
     """The job is about to be aborted (watchdog, unhandled exception): dump, here and on every rank, first."""
-    if _STATE["dir"] is not None and config.flight_dump_on_error():
+    if _STATE.get("auto"):
         reason = f"abort: {message.strip()}"
         asked = _request_all(reason)
         dump(reason, announce=True)
@@ -326,7 +326,9 @@ def _watch(store: Any) -> None:
             except Exception:  # the store closed: the job is over
                 return
             k += 1
-            dump(f"requested by another rank: {why}")  # silent: the requester says where the files go
+            who, _, what = why.partition("\n")
+            if who != str(_own_rank()):  # the requester wrote its own dump already
+                dump(f"requested by rank {who}: {what}")  # silent: the requester says where the files go
 
     _STATE["watch"] = watch
     threading.Thread(target=run, name="hpcdist-flight-watch", daemon=True).start()
@@ -338,9 +340,7 @@ def _request_all(reason: str) -> bool:
     if store is None or _STATE.get("requested"):
         return False
     _STATE["requested"] = True
-    from ._world import WORLD
-
-    rank = -1 if WORLD.default_pg is None else WORLD.default_pg._rank
+    rank = _own_rank()
     posted: list[bool] = []
 
     def post() -> None:
@@ -348,7 +348,7 @@ def _request_all(reason: str) -> bool:
             own = store.clone()  # the watcher's connection is parked in wait: a connection of our own
             try:
                 n = own.add(f"{_KEY}/count", 1)
-                own.set(f"{_KEY}/{n}", f"rank {rank}: {reason}"[:2000].encode())
+                own.set(f"{_KEY}/{n}", f"{rank}\n{reason}"[:4000].encode())
                 posted.append(True)
             finally:
                 own.close()
@@ -359,6 +359,12 @@ def _request_all(reason: str) -> bool:
     t.start()
     t.join(_REQUEST_S)
     return bool(posted)
+
+
+def _own_rank() -> int:
+    from ._world import WORLD
+
+    return -1 if WORLD.default_pg is None else int(WORLD.default_pg._rank)
 
 
 def stop() -> None:
@@ -381,7 +387,8 @@ def install(store: Any = None) -> None:
     The SIGUSR2 handler is installed only where the program has none.
     """
     _STATE["dir"] = os.path.abspath(config.flight_dir())
-    if store is not None and config.flight_recorder_size() > 0 and config.flight_dump_on_error():
+    _STATE["auto"] = auto = config.flight_recorder_size() > 0 and config.flight_dump_on_error()
+    if store is not None and auto:
         _watch(store)
     if config.flight_recorder_size() <= 0 or threading.current_thread() is not threading.main_thread():
         return  # off, or not the main thread (only it may install signal handlers)
