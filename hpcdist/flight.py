@@ -250,7 +250,7 @@ def dump(reason: str, announce: bool = False) -> str | None:
     if announce and path not in _STATE["announced"]:
         _STATE["announced"].add(path)
         sys.stderr.write(
-            f"hpcdist: flight recorder written to {path} ({reason.splitlines()[0][:120]}); "
+            f"hpcdist: flight recorder written to {path} ({reason.partition(':')[0]}); "
             f"run `hpcdist debug analyze {directory}` once every rank has written its file\n"
         )
         sys.stderr.flush()

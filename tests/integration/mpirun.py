@@ -49,6 +49,7 @@ def run_mpi(
     full_env.pop("HPCDIST_TIMEOUT", None)
     full_env["PYTHONUNBUFFERED"] = "1"
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env["HPCDIST_FLIGHT_DIR"] = str(tmp_path / "hpcdist-flight")  # dumps of failing jobs stay in tmp
     full_env.update(env or {})
     return run_limited([mpiexec(), "-n", str(n), sys.executable, str(path), *(args or [])], full_env, limit)
 

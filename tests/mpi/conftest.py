@@ -8,6 +8,7 @@ same order on every rank.
 from __future__ import annotations
 
 import os
+import tempfile
 from datetime import timedelta
 
 import pytest
@@ -19,6 +20,8 @@ _GROUPS: dict[str, object] = {}
 
 
 def pytest_configure(config):
+    # the timeout tests' flight recorder dumps go to the temporary directory, not the working tree
+    os.environ.setdefault("HPCDIST_FLIGHT_DIR", os.path.join(tempfile.gettempdir(), "hpcdist-flight-tests"))
     if not dist.is_initialized():
         dist.init_process_group("mpi", timeout=timedelta(seconds=float(os.environ.get("HPCDIST_TIMEOUT", "60"))))
         _GROUPS.update(make_groups())
