@@ -251,3 +251,50 @@ def test_load_and_main(tmp_path, capsys):
     (tmp_path / "rank-2.json").write_text("{not json")
     assert main(["analyze", str(tmp_path)]) == 2
     assert "rank-2.json: not a readable flight recorder dump" in capsys.readouterr().err
+
+
+_SIGNAL_PROBE = """
+import os, signal, sys, time
+os.environ["HPCDIST_FLIGHT_DIR"] = sys.argv[1]
+from hpcdist import flight
+
+mode = sys.argv[2]
+if mode == "own":
+    signal.signal(signal.SIGUSR2, lambda *_: print("OWN HANDLER", flush=True))
+elif mode == "wakeup":  # the program (say asyncio) has a wakeup fd: hpcdist keeps it
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w)
+flight.install()
+os.kill(os.getpid(), signal.SIGUSR2)
+for _ in range(100):
+    time.sleep(0.02)
+ours = signal.getsignal(signal.SIGUSR2) is flight._on_sigusr2
+kept = signal.set_wakeup_fd(-1) == w if mode == "wakeup" else True
+print("OURS", ours, "READER", flight._STATE["reader"] is not None, "KEPT", kept, flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("mode", "ours", "reader", "dumped"),
+    [("none", True, True, True), ("own", False, False, False), ("wakeup", True, False, True)],
+)
+def test_sigusr2_handler_only_where_the_program_has_none(tmp_path, mode, ours, reader, dumped):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_PROBE, str(tmp_path / "fr"), mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HPCDIST_FLIGHT_RECORDER": "8"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"OURS {ours} READER {reader} KEPT True" in out.stdout, out.stdout
+    files = list((tmp_path / "fr").glob("rank-*.json")) if (tmp_path / "fr").exists() else []
+    assert bool(files) == dumped, (files, out.stderr)
+    if dumped:
+        with open(files[0]) as f:
+            assert json.load(f)["reason"] == "SIGUSR2"
+    assert ("OWN HANDLER" in out.stdout) == (mode == "own")
