@@ -82,7 +82,7 @@ class Ring:
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self.colls: list[Any] = [None] * cap
-        self.p2ps: list[Any] = [None] * cap
+        self.p2ps: list[Any] = []  # allocated at the first point-to-point call (many groups make none)
         self.n_coll = 0  # collective sequence number: the same on every rank of the group
         self.n_p2p = 0  # point-to-point sequence number: this rank's own
 
@@ -95,6 +95,8 @@ class Ring:
     def p2p(self, op: str, dtype: Any, count: int, peer: int) -> list[Any]:
         """Record a point-to-point operation (``peer``: a group rank, negative for any source)."""
         self.n_p2p = s = self.n_p2p + 1
+        if s == 1:
+            self.p2ps = [None] * self.cap
         self.p2ps[s % self.cap] = e = [s, op, dtype, count, peer, _time(), False]
         return e
 
