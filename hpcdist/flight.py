@@ -11,7 +11,7 @@ time it started. A blocking call marks its entry completed when it returns; an
 ``async_op`` call keeps a weak reference to its :class:`~hpcdist.work.Work`,
 whose state is read when the ring is dumped (no cost on the completion path).
 
-Recording is one clock read and a list store per call, about 0.2 µs (``examples/benchmarks/
+Recording is one clock read and a list store per call, about 0.3 µs (``examples/benchmarks/
 bench_flight.py`` measures it). The rings are written out, one JSON file per
 rank (``rank-<R>.json``) in ``HPCDIST_FLIGHT_DIR`` (default ``./hpcdist-flight``,
 made absolute at init), when:
