@@ -444,3 +444,32 @@ def test_flight_recorder_off_writes_nothing(tmp_path):
     files = sorted(p.name for p in fdir.glob("*.json"))
     assert files == ["rank-0.json", "rank-1.json"]  # only the explicit dump_flight_recorder() calls
     assert all(not g["entries"] for g in _dumps(fdir)[0]["groups"])
+
+
+def test_a_receive_never_sent_ends_the_job_and_is_traced_to_its_sender(tmp_path):
+    """Rank 0 receives twice from rank 1, which sends once: the receive times out, the job ends, the analyzer says why."""
+    body = """
+    dist.init_process_group("mpi", timeout=timedelta(seconds=3))
+    x = np.ones(4)
+    dist.all_reduce(x)
+    if dist.get_rank() == 0:
+        dist.recv(x, src=1)
+        dist.recv(x, src=1)  # the bug: rank 1 sends only once
+    elif dist.get_rank() == 1:
+        dist.send(x, dst=0)
+        time.sleep(60)
+    else:
+        dist.barrier()
+    """
+    path = _script(tmp_path, body)
+    fdir = tmp_path / "flight"
+    r = run_limited([mpiexec(), "-n", "3", sys.executable, str(path)], _env(HPCDIST_FLIGHT_DIR=str(fdir)), 60)
+    _ended_well(r, 3, str(path))
+    assert "recv on <ProcessGroup 'default_pg' rank 0/3" in r.stderr and "did not complete within 3s" in r.stderr
+    dumps = _dumps(fdir)
+    assert 0 in dumps, r.output[-3000:]
+    text = _analyze(fdir)
+    assert "rank 0 waits in recv float64[4] peer 1 (p2p #2" in text, text
+    if 1 in dumps:  # rank 1's dump (requested through the store) arrived before MPI_Abort
+        assert "rank 1 sent it 1 message(s), rank 0 posted 2 receive(s) from it" in text, text
+        assert "time.sleep(60)" in text, text
