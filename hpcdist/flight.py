@@ -163,7 +163,7 @@ def attach(entry: list[Any], work: Any) -> None:
 # ------------------------------------------------------------------ dumping
 
 _STATE: dict[str, Any] = {"dir": None, "auto": False, "announced": set(), "reader": None}
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # reentrant: a SIGUSR2 handler may run in the main thread while it dumps
 
 
 def _directory() -> str:
@@ -299,26 +299,40 @@ def on_abort(message: str) -> None:
 _KEY = "hpcdist/flight/dump"
 _GRACE_S = 1.0  # how long an aborting rank waits for the others' dumps
 _REQUEST_S = 2.0  # at most this long to post the request (a dead store server must not delay the abort)
+_CONNECT_S = 10.0  # the watcher's connection: the server is up when init returns; gone means the job is over
 
 
 def _watch(store: Any) -> None:
     """A thread parked in the group store's ``wait`` (no cost: the server holds the request) for dump requests.
 
     Only a TCP store parks a wait server-side; with another store the ranks
-    dump on their own errors only. The thread ends when the store closes.
+    dump on their own errors only. The thread opens its own connection (a
+    server already gone must not hold up init) and ends when the store closes
+    or :func:`stop` is called.
     """
-    if type(store).__name__ != "TCPStore" or _STATE.get("watch") is not None:
+    if type(store).__name__ != "TCPStore":
         return
-    try:
-        watch = store.clone()
-    except Exception:
-        return
+    with _LOCK:
+        _STATE["gen"] = gen = _STATE.get("gen", 0) + 1
+        _STATE["store"] = store
     from datetime import timedelta
 
     from .errors import DistTimeoutError
 
     def run() -> None:
-        k = 1
+        try:
+            watch = store.clone(timedelta(seconds=_CONNECT_S))
+        except Exception:
+            return
+        with _LOCK:
+            if _STATE.get("gen") != gen:  # stop() ran while connecting
+                watch.close()
+                return
+            _STATE["watch"] = watch
+        try:
+            k = int(watch.add(f"{_KEY}/count", 0)) + 1  # requests of an earlier init on a reused store: not ours
+        except Exception:
+            return
         while True:
             try:
                 watch.wait([f"{_KEY}/{k}"], timedelta(days=7))
@@ -332,22 +346,23 @@ def _watch(store: Any) -> None:
             if who != str(_own_rank()):  # the requester wrote its own dump already
                 dump(f"requested by rank {who}: {what}")  # silent: the requester says where the files go
 
-    _STATE["watch"] = watch
     threading.Thread(target=run, name="hpcdist-flight-watch", daemon=True).start()
 
 
 def _request_all(reason: str) -> bool:
     """Ask every rank to dump (the first time only); True when the request was posted."""
-    store = _STATE.get("watch")
+    store = _STATE.get("store")
     if store is None or _STATE.get("requested"):
         return False
     _STATE["requested"] = True
+    from datetime import timedelta
+
     rank = _own_rank()
     posted: list[bool] = []
 
     def post() -> None:
         try:
-            own = store.clone()  # the watcher's connection is parked in wait: a connection of our own
+            own = store.clone(timedelta(seconds=_REQUEST_S))  # the caller's may be busy (and the watcher's is parked): a connection of our own
             try:
                 n = own.add(f"{_KEY}/count", 1)
                 own.set(f"{_KEY}/{n}", f"{rank}\n{reason}"[:4000].encode())
@@ -371,8 +386,11 @@ def _own_rank() -> int:
 
 def stop() -> None:
     """At destroy_process_group: close the watcher's store connection (its thread then ends)."""
-    watch = _STATE.pop("watch", None)
-    _STATE.pop("requested", None)
+    with _LOCK:
+        _STATE["gen"] = _STATE.get("gen", 0) + 1
+        watch = _STATE.pop("watch", None)
+        _STATE.pop("store", None)
+        _STATE.pop("requested", None)
     if watch is not None:
         try:
             watch.close()

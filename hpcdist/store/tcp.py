@@ -348,10 +348,13 @@ class TCPStore(Store):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def clone(self) -> TCPStore:
-        """A new connection to the same server (no new join), for another thread."""
+    def clone(self, timeout: timedelta | None = None) -> TCPStore:
+        """A new connection to the same server (no new join), for another thread.
+
+        ``timeout``: the new handle's timeout, connecting included (default: this store's).
+        """
         other = TCPStore.__new__(TCPStore)
-        Store.__init__(other, self.timeout)
+        Store.__init__(other, self.timeout if timeout is None else timeout)
         other._host, other._port, other._is_master = self._host, self._port, False
         other._max_frame, other._secret = self._max_frame, self._secret
         other._lock = threading.Lock()

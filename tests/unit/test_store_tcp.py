@@ -554,6 +554,19 @@ def test_clone_and_close(master):
         assert ctx.get("x") == b"1"
 
 
+@pytest.mark.timeout(60)
+def test_clone_with_its_own_timeout(no_env_secret):
+    store = TCPStore(HOST, 0, 1, True, T30, wait_for_workers=False)
+    worker = TCPStore(HOST, store.port, timeout=T30)
+    quick = worker.clone(timedelta(seconds=1))
+    assert quick.timeout == timedelta(seconds=1) and worker.clone().timeout == T30
+    quick.close()
+    store.close()  # the server is gone: a clone gives up after its own timeout, not the store's 30 s
+    with pytest.raises(DistNetworkError, match="could not connect .* within 1 s"):
+        worker.clone(timedelta(seconds=1))
+    worker.close()
+
+
 @pytest.mark.timeout(30)
 def test_very_long_timeouts_do_not_overflow_the_event_loop(no_env_secret):
     # a server whose only deadlines are far away: epoll would refuse them unbounded
