@@ -562,7 +562,7 @@ def test_clone_with_its_own_timeout(no_env_secret):
     assert quick.timeout == timedelta(seconds=1) and worker.clone().timeout == T30
     quick.close()
     store.close()  # the server is gone: a clone gives up after its own timeout, not the store's 30 s
-    with pytest.raises(DistNetworkError, match="could not connect .* within 1 s"):
+    with pytest.raises(DistNetworkError, match=r"could not connect .* within 1 s"):
         worker.clone(timedelta(seconds=1))
     worker.close()
 
