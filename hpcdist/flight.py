@@ -362,7 +362,9 @@ def _request_all(reason: str) -> bool:
 
     def post() -> None:
         try:
-            own = store.clone(timedelta(seconds=_REQUEST_S))  # the caller's may be busy (and the watcher's is parked): a connection of our own
+            own = store.clone(
+                timedelta(seconds=_REQUEST_S)
+            )  # the caller's may be busy (and the watcher's is parked): a connection of our own
             try:
                 n = own.add(f"{_KEY}/count", 1)
                 own.set(f"{_KEY}/{n}", f"{rank}\n{reason}"[:4000].encode())
@@ -420,9 +422,23 @@ def install(store: Any = None) -> None:
 
 
 def _on_sigusr2(signum: int, frame: Any) -> None:
-    """The Python-level handler; the reader thread has usually dumped already."""
-    if _STATE["reader"] is None:
+    """The Python-level handler: dumps unless the reader thread was woken (then it has dumped already)."""
+    if not _reader_woken():
         dump("SIGUSR2", announce=True)
+
+
+def _reader_woken() -> bool:
+    """Whether the wakeup fd still is the reader's (asyncio, say, may have replaced it since)."""
+    ours = _STATE.get("wakeup", -1)
+    if _STATE["reader"] is None or ours < 0:
+        return False
+    try:
+        current = signal.set_wakeup_fd(ours, warn_on_full_buffer=False)  # the only way to read it
+        if current != ours:
+            signal.set_wakeup_fd(current)  # theirs: put it back
+        return current == ours
+    except ValueError:  # not the main thread
+        return True
 
 
 def _start_reader() -> None:
@@ -461,4 +477,5 @@ def _start_reader() -> None:
 
     t = threading.Thread(target=run, name="hpcdist-flight", daemon=True)
     _STATE["reader"] = t
+    _STATE["wakeup"] = w
     t.start()

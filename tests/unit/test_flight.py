@@ -266,6 +266,10 @@ elif mode == "wakeup":  # the program (say asyncio) has a wakeup fd: hpcdist kee
     os.set_blocking(w, False)
     signal.set_wakeup_fd(w)
 flight.install()
+if mode == "replaced":  # the program (say asyncio) sets its own wakeup fd after init
+    r2, w2 = os.pipe()
+    os.set_blocking(w2, False)
+    signal.set_wakeup_fd(w2)
 os.kill(os.getpid(), signal.SIGUSR2)
 for _ in range(100):
     time.sleep(0.02)
@@ -277,7 +281,12 @@ print("OURS", ours, "READER", flight._STATE["reader"] is not None, "KEPT", kept,
 
 @pytest.mark.parametrize(
     ("mode", "ours", "reader", "dumped"),
-    [("none", True, True, True), ("own", False, False, False), ("wakeup", True, False, True)],
+    [
+        ("none", True, True, True),
+        ("own", False, False, False),
+        ("wakeup", True, False, True),
+        ("replaced", True, True, True),
+    ],
 )
 def test_sigusr2_handler_only_where_the_program_has_none(tmp_path, mode, ours, reader, dumped):
     import subprocess
