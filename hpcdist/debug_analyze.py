@@ -150,8 +150,21 @@ def _last_line(stack: str) -> str:
     return f"{frames[-1]}: {code}".rstrip(": ")
 
 
+def _error_line(reason: str) -> str:
+    """The exception line of an abort's reason (its traceback's last line, without the ``[rank N]`` prefix)."""
+    lines = []
+    for raw in reason.splitlines():
+        line = raw.split("] ", 1)[1] if raw.startswith("[rank ") and "] " in raw else raw
+        if line and not line[0].isspace() and not line.startswith(("Traceback", "hpcdist:", "abort:")):
+            lines.append(line)
+    return lines[-1] if lines else reason.splitlines()[0] if reason else ""
+
+
 def _doing(dump: dict[str, Any]) -> str:
-    """What a rank was doing at dump time: its newest operation not completed, else its main thread's line."""
+    """What a rank was doing at dump time: aborting, its newest operation not completed, or its main thread's line."""
+    reason = str(dump.get("reason", ""))
+    if reason.startswith("abort: [rank "):  # this rank's own unhandled exception
+        return f"aborting: {_error_line(reason)}"
     pending = [
         (e["started_at"], _describe(e, g["name"]))
         for g in dump["groups"]

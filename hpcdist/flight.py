@@ -208,7 +208,7 @@ def collect(reason: str) -> dict[str, Any]:
     frames = sys._current_frames()
     names = {t.ident: t.name for t in threading.enumerate()}
     stacks = {
-        names.get(ident, str(ident)): "".join(traceback.format_stack(frame))
+        names.get(ident, str(ident)): "".join(traceback.format_list(_outside_dump(frame)))
         for ident, frame in frames.items()
         if names.get(ident) != "hpcdist-flight"
     }
@@ -225,6 +225,14 @@ def collect(reason: str) -> dict[str, Any]:
         "groups": groups,
         "stacks": stacks,
     }
+
+
+def _outside_dump(frame: Any) -> traceback.StackSummary:
+    """A thread's stack without the frames of this module (the dump itself, in the dumping thread)."""
+    summary = traceback.extract_stack(frame)
+    while summary and summary[-1].filename == __file__:
+        summary.pop()
+    return summary
 
 
 def dump(reason: str, announce: bool = False) -> str | None:

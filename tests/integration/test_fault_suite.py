@@ -354,6 +354,7 @@ def test_unhandled_exception_dumps_before_the_abort(tmp_path):
     x = np.ones(2)
     dist.all_reduce(x)
     if dist.get_rank() == 1:
+        time.sleep(2)  # the others finish the first all_reduce and wait in the second
         raise RuntimeError("boom on purpose")
     dist.all_reduce(x)
     """
@@ -368,6 +369,7 @@ def test_unhandled_exception_dumps_before_the_abort(tmp_path):
     if sorted(dumps) == [0, 1, 2]:  # the others' dumps, requested through the store, made it before MPI_Abort
         assert "rank(s) 0, 2 entered all_reduce(float64, count 2) [started]" in text, text
         assert "rank(s) 1 never entered it" in text, text
+        assert "rank 1 is aborting: RuntimeError: boom on purpose" in text, text
     else:  # a slow machine: rank 1's own dump still says where it failed
         assert "RuntimeError" in json.dumps(dumps[1]["reason"])
 

@@ -307,3 +307,18 @@ def test_sigusr2_handler_only_where_the_program_has_none(tmp_path, mode, ours, r
         with open(files[0]) as f:
             assert json.load(f)["reason"] == "SIGUSR2"
     assert ("OWN HANDLER" in out.stdout) == (mode == "own")
+
+
+def test_a_rank_that_aborted_is_shown_with_its_exception():
+    stuck = [*_same(1), _entry(2, state="started")]
+    dumps = {r: _dump(r, 2, {"default_pg": ([0, 1], stuck if r == 0 else _same(1))}) for r in (0, 1)}
+    dumps[1]["reason"] = (
+        "abort: [rank 1] Traceback (most recent call last):\n"
+        '[rank 1]   File "job.py", line 7, in <module>\n'
+        '[rank 1]     raise KeyError("lr")\n'
+        "[rank 1] KeyError: 'lr'\n"
+        "[rank 1] hpcdist: unhandled exception; aborting the MPI job so the other ranks do not hang\n"
+    )
+    rep = analyze(dumps)
+    assert rep.divergences[0].missing == [1]
+    assert rep.doing[1] == "aborting: KeyError: 'lr'"
