@@ -25,7 +25,7 @@ import numpy as np
 
 from . import config
 from .errors import DistTimeoutError
-from .flight import END
+from .flight import END, on_timeout
 from .group import ProcessGroup, group_rank, resolve_group
 from .work import timeout_error, wait_requests
 
@@ -400,10 +400,12 @@ def recv_object_list(
     msg = pg._comm.Improbe(peer, tag, status)
     while msg is None:
         if time.monotonic() > deadline:
-            raise DistTimeoutError(
+            err = DistTimeoutError(
                 f"recv_object_list on {pg!r}: no message from {'any rank' if src is None else src} within "
                 f"{pg._timeout_s:g}s"
             )
+            on_timeout(str(err))  # the flight recorder's dump, as timeout_error does
+            raise err
         time.sleep(0.0001)
         msg = pg._comm.Improbe(peer, tag, status)
     buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
