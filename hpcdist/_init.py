@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import config
+from ._timed import INIT_HINT, wait_or_raise
 from ._watchdog import abort_job
 from ._world import WORLD, not_initialized
 from .backends import parse_backend
@@ -93,7 +94,7 @@ def init_process_group(
     WORLD.store = group_store
     WORLD.store_owned = store is None
     WORLD.joined_comm = joined.comm
-    export_torchrun_env(comm, comm.Get_rank(), n, store=group_store)
+    export_torchrun_env(comm, comm.Get_rank(), n, store=group_store, timeout=tmo)
     set_debug_level_from_env()  # HPCDIST_DEBUG / TORCH_DISTRIBUTED_DEBUG, read once per init
     if n > 1 and config.abort_on_exception():
         _install_abort_hook()
@@ -101,15 +102,8 @@ def init_process_group(
 
 def _timed_dup(comm: Any, timeout: timedelta) -> Any:
     """MPI_Comm_idup polled against the timeout: a rank that never comes can't hang init."""
-    from .errors import DistTimeoutError
-    from .work import wait_requests
-
     new, req = comm.Idup()
-    if not wait_requests([req], timeout.total_seconds()):
-        raise DistTimeoutError(
-            f"init_process_group: not every one of the {comm.Get_size()} processes arrived within "
-            f"{timeout.total_seconds():g}s (every process must call init_process_group)"
-        )
+    wait_or_raise(comm, [req], timeout.total_seconds(), "init_process_group", INIT_HINT)
     return new
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+from ._exit import poison
 from .errors import DistBackendError, DistError, DistTimeoutError
 
 __all__ = ["Future", "Work", "completed_work", "timeout_error", "wait_requests"]
@@ -74,9 +75,16 @@ def wait_requests(reqs: Sequence[Any], timeout_s: float, status: Any = None) -> 
                     _sleep(0.001)
 
 
-def timeout_error(name: Any, limit: float) -> DistTimeoutError:
-    """The error of an operation (``name``: a str or ``(opname, group)``) that outlived ``limit`` s."""
+def timeout_error(name: Any, limit: float, cancelled: bool = False) -> DistTimeoutError:
+    """The error of an operation (``name``: a str or ``(opname, group)``) that outlived ``limit`` s.
+
+    Unless the operation was ``cancelled`` (a receive), it is still in flight:
+    the process is poisoned (:mod:`hpcdist._exit`), so exiting ends the job
+    promptly instead of waiting in ``MPI_Finalize``.
+    """
     desc = name if isinstance(name, str) else f"{name[0]} on {name[1]!r}"
+    if not cancelled:
+        poison(f"{desc} timed out after {limit:g}s")
     return DistTimeoutError(
         f"{desc} did not complete within {limit:g}s: a peer may have died, be stuck, or have called a different "
         "operation (every rank of the group must make the same calls in the same order); raise the timeout with "
@@ -163,7 +171,7 @@ class Work:
         if self._reqs and not wait_requests(self._reqs, limit, self._status):
             if self._on_timeout is not None:
                 self._on_timeout()
-            exc = timeout_error(self._name, limit)
+            exc = timeout_error(self._name, limit, cancelled=self._on_timeout is not None)
             self._exc = exc
             if self._future is not None:
                 self._future._set(None, exc)

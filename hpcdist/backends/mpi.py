@@ -278,7 +278,7 @@ class MPIEngine:
                     req.Wait()
                 except Exception:
                     pass
-                raise timeout_error(("recv", pg), pg._timeout_s)
+                raise timeout_error(("recv", pg), pg._timeout_s, cancelled=True)
         if buf.writeback is not None:
             buf.writeback()
         return self.pg._ranks[status.Get_source()]

@@ -1,0 +1,113 @@
+"""Defects of issue #10 (hangs, leaks, the unpickler, wrong results) under a real mpiexec.
+
+Each test launches a real job with a hard limit (``run_mpi(limit=...)``) in
+which one rank misbehaves for far longer (``STALL`` s) than the timeout under
+test; a job that ends well before the stall proves the timeout was honoured.
+The margins are hang guards, never speed claims.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from mpirun import Result, run_mpi
+
+pytestmark = pytest.mark.timeout(300)
+
+STALL = 120  # seconds a misbehaving rank sleeps: far beyond every timeout and margin below
+MARGIN = 40  # seconds allowed beyond the timeout under test (startup and teardown on a loaded 2-core host)
+
+PRELUDE = """
+import os, sys, time
+from datetime import timedelta
+import numpy as np
+import hpcdist as dist
+from mpi4py import MPI
+
+
+def say(*parts):
+    os.write(1, (" ".join(map(str, parts)) + chr(10)).encode())  # one write: lines of ranks never mix
+"""
+
+
+def orphans(tmp_path: Path, grace: float = 10.0) -> list[str]:
+    """Processes still running a script of this test (their command line names ``tmp_path``) after ``grace`` s."""
+    deadline = time.monotonic() + grace
+    while True:
+        found = _running(tmp_path)
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def _running(tmp_path: Path) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(tmp_path) in cmd:
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+def ended_promptly(r: Result, tmp_path: Path, timeout: float) -> None:
+    """The job ended by itself, within ``timeout`` + MARGIN, non-zero, leaving no process behind."""
+    assert not r.timed_out, f"the job hung until killed after {r.elapsed:.0f}s:\n{r.output}"
+    assert r.elapsed < timeout + MARGIN, f"took {r.elapsed:.0f}s for a {timeout}s timeout:\n{r.output}"
+    assert r.returncode != 0, r.output
+    assert orphans(tmp_path) == []
+
+
+# ---------------------------------------------------------------- 1. init honours its timeout under a launcher
+
+
+@pytest.mark.parametrize("mode", ["block", "poll"])
+def test_init_timeout_under_a_launcher(tmp_path, mode):
+    script = (
+        PRELUDE
+        + f"""
+if MPI.COMM_WORLD.Get_rank() == 1:
+    time.sleep({STALL})                      # never arrives in time
+t0 = time.monotonic()
+try:
+    dist.init_process_group("mpi", timeout=timedelta(seconds=3))
+except dist.DistTimeoutError as e:
+    say(f"INIT TIMEOUT after {{time.monotonic() - t0:.1f}}s: {{e}}")
+    sys.exit(2)
+"""
+    )
+    r = run_mpi(2, script, tmp_path, env={"HPCDIST_WAIT": mode}, limit=STALL - 20)
+    ended_promptly(r, tmp_path, 3)
+    assert "INIT TIMEOUT after" in r.stdout, r.output
+    assert "init_process_group" in r.stdout and "rank 0 of 2" in r.stdout, r.output
+
+
+# ---------------------------------------------------------------- 2. poll mode: catch, destroy, exit ends the job
+
+
+def test_poll_mode_catch_destroy_exit_ends_the_job(tmp_path):
+    script = (
+        PRELUDE
+        + f"""
+dist.init_process_group("mpi", timeout=timedelta(seconds=2))
+if dist.get_rank() == 0:
+    try:
+        dist.all_reduce(np.ones(4))            # rank 1 is asleep: times out
+    except dist.DistTimeoutError as e:
+        say("CAUGHT", e)
+        dist.destroy_process_group()
+        sys.exit(2)
+else:
+    time.sleep({STALL})
+"""
+    )
+    r = run_mpi(2, script, tmp_path, env={"HPCDIST_WAIT": "poll"}, limit=STALL - 20)
+    ended_promptly(r, tmp_path, 2)
+    assert "CAUGHT all_reduce" in r.stdout, r.output
