@@ -80,6 +80,10 @@ class ProcessGroup:
         self._destroyed = False
         self._block = config.wait_mode() == "block"  # HPCDIST_WAIT: how blocking calls wait
         self.bound_device_id: Any = None
+        # held during a blocking call on this group: a second thread's blocking call raises (busy_error)
+        self._call_lock, self._thread_level = _call_lock()
+        self._monitored_seq = 0  # monitored_barrier's sequence number on this group
+        self._node_local: int | None = None  # node-local rank (a collective to find; cached per group)
 
     # torch's ProcessGroup API
     def rank(self) -> int:
@@ -126,6 +130,22 @@ class ProcessGroup:
             eng = self._engines[device_type] = backend_factory(name)(self, device_type)
         return eng
 
+    def busy_error(self, opname: str) -> Exception:
+        """The error of a blocking call entered while another thread is inside one on this group."""
+        from .errors import DistError
+
+        if self._thread_level != "multiple":
+            return DistError(
+                f"{opname} on {self!r}: another thread is inside a blocking hpcdist call, and this MPI provides only "
+                f"MPI_THREAD_{self._thread_level.upper()} (MPI.Query_thread()), so calls from different threads "
+                "must not overlap; make them from one thread, or use an MPI with MPI_THREAD_MULTIPLE"
+            )
+        return DistError(
+            f"{opname} on {self!r}: another thread is inside a blocking call on this group. The ranks of a group "
+            "must issue its collectives in one order, which concurrent threads cannot guarantee: issue them from "
+            "one thread, or give each thread a group of its own (new_group)"
+        )
+
     def _free(self) -> None:
         if self._destroyed:
             return
@@ -152,6 +172,34 @@ class ProcessGroup:
 
     def __repr__(self) -> str:
         return f"<ProcessGroup {self.group_name!r} rank {self._rank}/{self._size} backend={self._backend_str}>"
+
+
+_SHARED_LOCK: list[Any] = []
+
+
+def _call_lock() -> tuple[Any, str]:
+    """(the lock guarding blocking calls on a new group, the MPI thread level's name).
+
+    With ``MPI_THREAD_MULTIPLE`` every group has its own lock: threads may run
+    blocking calls on different groups at once. Below it, one lock is shared
+    by all groups: calls from different threads must never overlap.
+    """
+    import threading
+
+    from mpi4py import MPI
+
+    names = {
+        MPI.THREAD_SINGLE: "single",
+        MPI.THREAD_FUNNELED: "funneled",
+        MPI.THREAD_SERIALIZED: "serialized",
+        MPI.THREAD_MULTIPLE: "multiple",
+    }
+    level = names.get(MPI.Query_thread(), "single")
+    if level == "multiple":
+        return threading.Lock(), level
+    if not _SHARED_LOCK:
+        _SHARED_LOCK.append(threading.Lock())
+    return _SHARED_LOCK[0], level
 
 
 class _WorldMeta(type):

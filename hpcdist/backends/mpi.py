@@ -75,16 +75,22 @@ class MPIEngine:
         pg = self.pg
         if not sync:
             return Work([nb(*args)], post, keep, pg._timeout_s, (name, pg), result)
-        if self.block:
-            WATCHDOG.arm(pg._timeout_s, (name, pg))
-            try:
-                blk(*args)
-            finally:
-                WATCHDOG.disarm()
-        else:  # poll inline: no Work object on the blocking path
-            req = nb(*args)
-            if not req.Test() and not wait_requests([req], pg._timeout_s):
-                raise timeout_error((name, pg), pg._timeout_s)
+        lock = pg._call_lock
+        if not lock.acquire(False):
+            raise pg.busy_error(name)
+        try:
+            if self.block:
+                WATCHDOG.arm(pg._timeout_s, (name, pg))
+                try:
+                    blk(*args)
+                finally:
+                    WATCHDOG.disarm()
+            else:  # poll inline: no Work object on the blocking path
+                req = nb(*args)
+                if not req.Test() and not wait_requests([req], pg._timeout_s):
+                    raise timeout_error((name, pg), pg._timeout_s)
+        finally:
+            lock.release()
         if post is not None:
             post()
         return None
@@ -106,11 +112,15 @@ class MPIEngine:
             args = (_IN_PLACE, [arr, mpi_datatype(arr.dtype)], _OPS.get(rop.mpi_name) or _mpi_op(rop.mpi_name))
             if sync and self.block:  # the hot path, inlined
                 pg = self.pg
+                lock = pg._call_lock
+                if not lock.acquire(False):
+                    raise pg.busy_error("all_reduce")
                 WATCHDOG.arm(pg._timeout_s, ("all_reduce", pg))
                 try:
                     c.Allreduce(*args)
                 finally:
-                    WATCHDOG.deadline = 0.0
+                    WATCHDOG.disarm()
+                    lock.release()
                 return None
             return self._run(sync, c.Iallreduce, c.Allreduce, args, None, buf, "all_reduce", buf.obj)
         work = prepare(buf, rop, copy=False)

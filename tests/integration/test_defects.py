@@ -111,3 +111,67 @@ else:
     r = run_mpi(2, script, tmp_path, env={"HPCDIST_WAIT": "poll"}, limit=STALL - 20)
     ended_promptly(r, tmp_path, 2)
     assert "CAUGHT all_reduce" in r.stdout, r.output
+
+
+# ---------------------------------------------------------------- 3. the watchdog: one deadline per thread
+
+
+def test_block_watchdog_aborts_a_call_hung_in_one_thread_while_another_thread_works(tmp_path):
+    script = (
+        PRELUDE
+        + f"""
+import threading
+dist.init_process_group("mpi", timeout=timedelta(seconds=2))
+hung_group = dist.new_group([0, 1], timeout=timedelta(seconds=2))
+busy_group = dist.new_group([0, 1], timeout=timedelta(seconds=2))
+if dist.get_rank() == 0:
+    threading.Thread(target=lambda: dist.all_reduce(np.ones(4), group=hung_group), name="stuck").start()
+t0 = time.monotonic()
+x = np.ones(1)
+while time.monotonic() - t0 < {STALL}:    # healthy collectives on another group, from the main thread
+    dist.all_reduce(x, group=busy_group)
+    x[:] = 1
+    time.sleep(0.001)
+say("NEVER ABORTED")
+"""
+    )
+    r = run_mpi(2, script, tmp_path, env={"HPCDIST_WAIT": "block"}, limit=STALL - 20)
+    ended_promptly(r, tmp_path, 2)
+    assert "NEVER ABORTED" not in r.stdout
+    assert "DistTimeoutError: all_reduce on <ProcessGroup '0'" in r.stderr and "'stuck'" in r.stderr, r.output
+
+
+@pytest.mark.parametrize("mode", ["block", "poll"])
+def test_concurrent_blocking_calls_on_one_group_are_refused(tmp_path, mode):
+    script = (
+        PRELUDE
+        + """
+import threading
+dist.init_process_group("mpi", timeout=timedelta(seconds=60))
+done = []
+if dist.get_rank() == 0:
+    t = threading.Thread(target=lambda: done.append(dist.all_reduce(np.ones(4))))
+    t.start()
+    time.sleep(1.0)                         # the thread is inside the all_reduce: rank 1 comes at 3 s
+    try:
+        dist.broadcast(np.ones(2), src=0)
+    except dist.DistError as e:
+        say("REFUSED", e)
+    t.join()
+else:
+    time.sleep(3)
+    dist.all_reduce(np.ones(4))
+other = dist.new_group([0, 1])              # different groups from different threads: allowed
+out = []
+threads = [threading.Thread(target=lambda g=g: out.append(dist.all_reduce(np.ones(2), group=g))) for g in (None, other)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+say("TWO GROUPS", len(out), MPI.Query_thread() == MPI.THREAD_MULTIPLE)
+dist.destroy_process_group()
+"""
+    )
+    r = run_mpi(2, script, tmp_path, env={"HPCDIST_WAIT": mode}, limit=90)
+    assert r.returncode == 0 and not r.timed_out, r.output
+    assert "REFUSED broadcast on <ProcessGroup 'default_pg'" in r.stdout, r.output
+    assert "another thread is inside a blocking call on this group" in r.stdout
+    assert r.stdout.count("TWO GROUPS 2 True") == 2, r.output
