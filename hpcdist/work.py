@@ -12,7 +12,9 @@ sleeps (oversubscribed nodes), until the deadline, after which
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -138,6 +140,10 @@ class Work:
         self._on_timeout = on_timeout
         self._status: Any = None  # an MPI.Status for receives (source_rank)
 
+    def __del__(self) -> None:
+        if not self._done and self._reqs and self._exc is None:
+            _orphan(self._reqs, self._post, self._keep, self._timeout_s)
+
     def _finish(self) -> None:
         self._done = True
         post = self._post
@@ -236,6 +242,59 @@ class Work:
     def __repr__(self) -> str:
         state = "completed" if self._done else "pending"
         return f"<hpcdist.Work {self._name} {state}>"
+
+
+# ---------------------------------------------------------------- dropped handles
+
+#: Operations whose Work was dropped before completing: (requests, finishing step, buffers, timeout), oldest first.
+_ORPHANS: deque[tuple[Sequence[Any], Callable[[], Any] | None, Any, float]] = deque()
+_ORPHAN_LOCK = threading.Lock()
+_MAX_ORPHANS = 1024  # beyond this many dropped operations in flight, the oldest are waited for (back-pressure)
+
+
+def _orphan(reqs: Sequence[Any], post: Callable[[], Any] | None, keep: Any, timeout_s: float) -> None:
+    """Adopt the requests of a dropped Work: they complete (and are released) in the background.
+
+    Letting mpi4py free an active request leaks it in MPICH until it
+    completes, is erroneous for a non-blocking collective, and frees buffers
+    MPI may still write. hpcdist keeps them, finishes them (copy-back, AVG
+    scaling) as they complete -- tested oldest first whenever another Work is
+    dropped -- and waits for the oldest when more than ``_MAX_ORPHANS`` are in
+    flight, so a loop of fire-and-forget ``isend``s runs in bounded memory.
+    """
+    if not _ORPHAN_LOCK.acquire(False):  # a collection inside reaping, in this thread: keep it for the next time
+        _ORPHANS.append((reqs, post, keep, timeout_s))
+        return
+    try:
+        _ORPHANS.append((reqs, post, keep, timeout_s))
+        _reap()
+    finally:
+        _ORPHAN_LOCK.release()
+
+
+def _reap() -> None:
+    from mpi4py import MPI
+
+    if MPI.Is_finalized():
+        _ORPHANS.clear()
+        return
+    testall = MPI.Request.Testall
+    while _ORPHANS:
+        reqs, post, _keep, timeout_s = _ORPHANS[0]
+        done = testall(list(reqs))
+        if not done and (len(_ORPHANS) <= _MAX_ORPHANS or not wait_requests(reqs, timeout_s)):
+            return  # the oldest is still in flight (and within the bound, or its peer is gone)
+        _ORPHANS.popleft()
+        if post is not None:
+            try:
+                post()
+            except Exception:  # nobody is left to receive the error of a dropped operation
+                pass
+
+
+def pending_orphans() -> int:
+    """How many dropped operations are still in flight (for tests and ``hpcdist info``)."""
+    return len(_ORPHANS)
 
 
 def _as_list(res: Any) -> list[Any]:
