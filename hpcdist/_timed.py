@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -32,7 +32,9 @@ __all__ = [
     "timed_allgather_json",
     "timed_barrier",
     "timed_bcast_json",
+    "timed_members_barrier",
     "timed_split_shared",
+    "watched",
     "wait_or_raise",
 ]
 
@@ -51,7 +53,11 @@ def wait_or_raise(comm: Any, reqs: list[Any], timeout_s: float, what: str, hint:
     """Poll ``reqs`` for ``timeout_s``; DistTimeoutError naming ``what`` and this rank otherwise (and poison)."""
     if wait_requests(reqs, timeout_s):
         return
-    msg = f"{what}: not every rank arrived within {timeout_s:g}s ({_rank_note(comm)}); {hint}"
+    _give_up(f"{what}: not every rank arrived within {timeout_s:g}s ({_rank_note(comm)}); {hint}")
+
+
+def _give_up(msg: str) -> NoReturn:
+    """Raise DistTimeoutError(msg); a peer is stuck, so exiting must abort rather than wait in MPI_Finalize."""
     poison(msg)
     raise DistTimeoutError(msg)
 
@@ -84,6 +90,15 @@ def timed_bcast_json(comm: Any, obj: Any, root: int, timeout_s: float, what: str
     return json.loads(buf.tobytes())
 
 
+def watched(call: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """``call()`` (a blocking MPI call every rank is known to have reached) under the watchdog."""
+    WATCHDOG.arm(timeout_s, what)
+    try:
+        return call()
+    finally:
+        WATCHDOG.disarm()
+
+
 def guarded(call: Callable[[], Any], comm: Any, timeout_s: float, what: str, hint: str) -> Any:
     """A blocking MPI collective with no non-blocking form: a polled barrier first, then ``call()``.
 
@@ -91,11 +106,51 @@ def guarded(call: Callable[[], Any], comm: Any, timeout_s: float, what: str, hin
     promptly; the watchdog ends the job should a rank die between the two.
     """
     timed_barrier(comm, timeout_s, what, hint)
-    WATCHDOG.arm(timeout_s, f"{what} ({_rank_note(comm)})")
-    try:
-        return call()
-    finally:
-        WATCHDOG.disarm()
+    return watched(call, timeout_s, f"{what} ({_rank_note(comm)})")
+
+
+def timed_members_barrier(comm: Any, members: list[int], timeout_s: float, what: str, hint: str) -> None:
+    """A barrier of some ranks of ``comm`` only (ranks of ``comm``), polled; DistTimeoutError names the absent.
+
+    The first member collects a token from each other member, then releases
+    them; the others' error names the first member.
+    """
+    from .p2p import internal_tag
+
+    me, lead, tag = comm.Get_rank(), members[0], internal_tag("group_sync")
+    if len(members) == 1:
+        return
+    if me == lead:
+        others = members[1:]
+        bufs = [np.empty(1, dtype=np.int8) for _ in others]
+        reqs = [comm.Irecv(b, m, tag) for b, m in zip(bufs, others)]
+        if not wait_requests(reqs, timeout_s):
+            absent = [m for m, r in zip(others, reqs) if not r.Test()]
+            _cancel(reqs)
+            _give_up(
+                f"{what}: ranks {absent} of {members} did not arrive within {timeout_s:g}s ({_rank_note(comm)}); {hint}"
+            )
+        token = np.zeros(1, dtype=np.int8)
+        wait_or_raise(comm, [comm.Isend(token, m, tag) for m in others], timeout_s, what, hint)
+        return
+    token, release = np.zeros(1, dtype=np.int8), np.empty(1, dtype=np.int8)
+    sreq, rreq = comm.Isend(token, lead, tag), comm.Irecv(release, lead, tag)
+    if not wait_requests([sreq, rreq], timeout_s):
+        _cancel([rreq])
+        _give_up(
+            f"{what}: rank {lead} (the first of {members}) did not release this rank within {timeout_s:g}s "
+            f"({_rank_note(comm)}): not every member arrived; {hint}"
+        )
+
+
+def _cancel(reqs: list[Any]) -> None:
+    for req in reqs:
+        try:
+            if not req.Test():
+                req.Cancel()
+                req.Wait()
+        except Exception:  # pragma: no cover - a request the MPI cannot cancel is left as it is
+            pass
 
 
 def timed_split_shared(comm: Any, timeout_s: float, what: str, hint: str) -> tuple[int, int]:

@@ -24,10 +24,9 @@ from typing import Any
 import numpy as np
 
 from . import config
+from ._timed import guarded, timed_members_barrier, timed_split_shared, watched
 from ._world import WORLD, not_initialized
 from .backends import backend_factory, parse_backend
-from .errors import DistTimeoutError
-from .work import wait_requests
 
 __all__ = [
     "GroupMember",
@@ -284,14 +283,27 @@ def group_rank(pg: ProcessGroup, glob: Any, grp: Any, name: str) -> int:
     return r
 
 
-def _timed_barrier(comm: Any, timeout_s: float, what: str) -> None:
-    """A barrier that raises DistTimeoutError instead of hanging."""
-    req = comm.Ibarrier()
-    if not wait_requests([req], timeout_s):
-        raise DistTimeoutError(
-            f"{what}: not every rank arrived within {timeout_s:g}s (group creation is collective: every rank "
-            "of the parent group must call it, in the same order)"
-        )
+#: What a rank stuck creating a group is told.
+GROUP_HINT = (
+    "group creation is collective: every rank of the parent group must call it, in the same order, with the same "
+    "arguments (the members only with use_local_synchronization=True or shrink_group)"
+)
+
+
+def _split(comm: Any, color: int, key: int, timeout: timedelta, what: str) -> Any:
+    """``comm.Split(color, key)`` after a polled barrier: a rank that never comes raises, never hangs."""
+    return guarded(lambda: comm.Split(color, key), comm, timeout.total_seconds(), what, GROUP_HINT)
+
+
+def _create_group(comm: Any, members: list[int], timeout: timedelta, what: str) -> Any:
+    """``MPI_Comm_create_group`` of ``members`` (ranks of ``comm``), collective over the members only, bounded."""
+    limit = timeout.total_seconds()
+    timed_members_barrier(comm, members, limit, what, GROUP_HINT)
+    mpi_group = comm.Get_group().Incl(members)
+    try:
+        return watched(lambda: comm.Create_group(mpi_group, tag=_tag_for(members)), limit, what)
+    finally:
+        mpi_group.Free()
 
 
 def _validate_ranks(ranks: Any, world_size: int, argname: str = "ranks") -> list[int]:
@@ -360,17 +372,12 @@ def new_group(
     if use_local_synchronization:
         if me not in members:
             return GroupMember.NON_GROUP_MEMBER
-        mpi_group = world._comm.Get_group().Incl(members)
-        try:
-            comm = world._comm.Create_group(mpi_group, tag=_tag_for(members))
-        finally:
-            mpi_group.Free()
+        comm = _create_group(world._comm, members, tmo, "new_group(use_local_synchronization=True)")
         return _make_pg(comm, members, tmo, backend, group_desc)
-    _timed_barrier(world._comm, tmo.total_seconds(), "new_group")
     from mpi4py import MPI
 
     pos = {g: i for i, g in enumerate(members)}
-    comm = world._comm.Split(0 if me in pos else MPI.UNDEFINED, pos.get(me, 0))
+    comm = _split(world._comm, 0 if me in pos else MPI.UNDEFINED, pos.get(me, 0), tmo, "new_group")
     if me not in pos:
         WORLD.next_name()  # keep group names aligned across ranks
         return GroupMember.NON_GROUP_MEMBER
@@ -395,8 +402,7 @@ def _split_many(
     for i, lst in enumerate(lists):
         if me in lst:
             color, key = i, lst.index(me)
-    _timed_barrier(parent._comm, timeout.total_seconds(), what)
-    comm = parent._comm.Split(color, key)
+    comm = _split(parent._comm, color, key, timeout, what)
     out: list[Any] = []
     mine: Any = None
     for i, lst in enumerate(lists):
@@ -426,12 +432,9 @@ def new_subgroups(
     parent = resolve_group(group, "new_subgroups") if group is not None else default_pg()
     if parent is None:
         raise ValueError("new_subgroups: this rank is not a member of the parent group")
-    if group_size is None:
-        from mpi4py import MPI
-
-        node = parent._comm.Split_type(MPI.COMM_TYPE_SHARED)
-        group_size = node.Get_size()
-        node.Free()
+    tmo = _check_timeout(timeout)
+    if group_size is None:  # the node's size: a collective of its own, bounded like the split
+        group_size = timed_split_shared(parent._comm, tmo.total_seconds(), "new_subgroups", GROUP_HINT)[1]
     if isinstance(group_size, bool) or not isinstance(group_size, int):
         raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
     n = parent.size()
@@ -440,7 +443,7 @@ def new_subgroups(
     if n % group_size != 0:
         raise ValueError(f"group_size={group_size} must divide the parent group's size {n}")
     lists = [parent._ranks[i : i + group_size] for i in range(0, n, group_size)]
-    return _split_many(parent, lists, _check_timeout(timeout), backend, group_desc, "new_subgroups")
+    return _split_many(parent, lists, tmo, backend, group_desc, "new_subgroups")
 
 
 def new_subgroups_by_enumeration(
@@ -522,11 +525,7 @@ def shrink_group(
     if parent.rank() in excluded:
         raise ValueError(f"shrink_group: this rank (group rank {parent.rank()}) is in ranks_to_exclude")
     keep = [r for r in range(parent.size()) if r not in excluded]
-    mpi_group = parent._comm.Get_group().Incl(keep)
-    try:
-        comm = parent._comm.Create_group(mpi_group, tag=_tag_for(keep))
-    finally:
-        mpi_group.Free()
+    comm = _create_group(parent._comm, keep, parent._timeout, "shrink_group")
     return _make_pg(comm, [parent._ranks[r] for r in keep], parent._timeout, None, "shrunk")
 
 

@@ -224,3 +224,38 @@ def test_dropped_work_handles_do_not_leak(tmp_path, kind):
     grown = [float(line.split()[3]) for line in r.stdout.splitlines() if line.startswith("RANK")]
     assert len(grown) == 2, r.output
     assert max(grown) < 16, f"RSS grew {grown} MiB over {n} dropped handles:\n{r.output}"
+
+
+# ---------------------------------------------------------------- 6. every group creation honours its timeout
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "dist.new_group([0, 1], timeout=T, use_local_synchronization=True)",
+        "dist.new_subgroups(timeout=T)",
+        "dist.new_group([0, 1], timeout=T)",
+        "dist.shrink_group([2])",
+    ],
+)
+def test_group_creation_times_out_when_a_rank_never_calls(tmp_path, call):
+    script = (
+        PRELUDE
+        + f"""
+T = timedelta(seconds=3)
+dist.init_process_group("mpi", timeout=T)
+if dist.get_rank() == 1:
+    time.sleep({STALL})                      # never calls
+elif dist.get_rank() == 0:
+    try:
+        {call}
+    except dist.DistTimeoutError as e:
+        say("GROUP TIMEOUT", e)
+        sys.exit(3)
+"""
+    )
+    r = run_mpi(3, script, tmp_path, env={"HPCDIST_WAIT": "poll"}, limit=STALL - 20)
+    ended_promptly(r, tmp_path, 3)
+    assert "GROUP TIMEOUT" in r.stdout, r.output
+    what = call.split("(")[0].removeprefix("dist.")
+    assert what in r.stdout.split("GROUP TIMEOUT")[1], r.output
