@@ -86,9 +86,6 @@ def check_collective(pg: Any, desc: str) -> None:
     raise DistError(f"collective mismatch on {pg!r} (ranks must call the same collectives in the same order): {calls}")
 
 
-_SEQ: dict[int, int] = {}
-
-
 def monitored_barrier(group: Any = None, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
     """A barrier that names the ranks that did not arrive within ``timeout``.
 
@@ -103,9 +100,8 @@ def monitored_barrier(group: Any = None, timeout: timedelta | None = None, wait_
         raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
     limit = pg._timeout_s if timeout is None else timeout.total_seconds()
     comm = pg._comm
-    key = id(pg)
-    seq = _SEQ.get(key, 0) + 1
-    _SEQ[key] = seq
+    pg._monitored_seq += 1  # on the group: a re-created group starts from 0 on every rank
+    seq = pg._monitored_seq
     token_tag, release_tag = internal_tag("monitored_barrier"), internal_tag("monitored_release")
     if pg._size == 1:
         return

@@ -259,3 +259,31 @@ elif dist.get_rank() == 0:
     assert "GROUP TIMEOUT" in r.stdout, r.output
     what = call.split("(")[0].removeprefix("dist.")
     assert what in r.stdout.split("GROUP TIMEOUT")[1], r.output
+
+
+# ---------------------------------------------------------------- 7. monitored_barrier state lives on the group
+
+
+def test_monitored_barrier_on_recreated_groups_blames_nobody(tmp_path):
+    script = (
+        PRELUDE
+        + """
+import gc
+dist.init_process_group("mpi", timeout=timedelta(seconds=30))
+kept = []
+for i in range(25):
+    g = dist.new_group([0, 1])
+    for _ in range(i % 3 + 1):
+        dist.monitored_barrier(group=g, timeout=timedelta(seconds=3))
+    dist.destroy_process_group(g)
+    if dist.get_rank() == 1:
+        kept.append(g)          # rank 1 keeps every group object: Python never reuses their id()s there
+    del g
+    gc.collect()                # rank 0 frees them: a new group may get an old group's id()
+say("ALL PASSED", dist.get_rank())
+dist.destroy_process_group()
+"""
+    )
+    r = run_mpi(2, script, tmp_path, limit=150)
+    assert r.returncode == 0 and not r.timed_out, r.output
+    assert r.stdout.count("ALL PASSED") == 2, r.output
