@@ -215,19 +215,25 @@ def get_world_size(group: Any = None) -> int:
 
 
 def get_backend(group: Any = None) -> str:
-    """The backend name of ``group``: ``"mpi"``, ``"gloo"`` (which runs on MPI), ``"nccl"`` or a device map."""
-    pg = resolve_group(group, "get_backend")
-    if pg is None:
-        raise ValueError("get_backend: this rank is not a member of the group")
-    return pg._backend_str
+    """The backend name of ``group``: ``"mpi"``, ``"gloo"`` (which runs on MPI), ``"nccl"`` or a device map.
+
+    Raises ValueError (no warning) on a rank that is not a member, as torch.
+    """
+    return _queried_pg(group, "get_backend")._backend_str
 
 
 def get_backend_config(group: Any = None) -> str:
     """The device map of ``group``'s backend, e.g. ``"cpu:mpi,cuda:mpi"``."""
-    pg = resolve_group(group, "get_backend_config")
-    if pg is None:
-        raise ValueError("get_backend_config: this rank is not a member of the group")
+    pg = _queried_pg(group, "get_backend_config")
     return ",".join(f"{d}:{b}" for d, b in sorted(pg._backend_map.items()))
+
+
+def _queried_pg(group: Any, what: str) -> ProcessGroup:
+    """The group a query is about; ValueError (torch's "Invalid process group specified") for a non-member."""
+    pg = _member_pg(group, what)
+    if pg is None:
+        raise ValueError(f"Invalid process group specified: {what}() on a group this rank is not a member of")
+    return pg
 
 
 def get_pg_count() -> int:

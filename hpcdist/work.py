@@ -226,6 +226,10 @@ class Work:
             raise DistBackendError("source_rank() is only defined for completed receives")
         return self._source
 
+    def _source_rank(self) -> int:
+        """torch's private spelling of :meth:`source_rank` (torch's own code calls it)."""
+        return self.source_rank()
+
     def result(self) -> list[Any]:
         """The output arrays of the operation (waits first)."""
         self.wait()
