@@ -83,6 +83,8 @@ class ProcessGroup:
         self._call_lock, self._thread_level = _call_lock()
         self._monitored_seq = 0  # monitored_barrier's sequence number on this group
         self._node_local: int | None = None  # node-local rank (a collective to find; cached per group)
+        # a world joined over MPI ports (no launcher): receives from any source probe first (work.ProbedRecv)
+        self._probe_any = WORLD.launcher is None and self._size > 1
 
     # torch's ProcessGroup API
     def rank(self) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 from ._exit import poison
 from .errors import DistBackendError, DistError, DistTimeoutError
 
-__all__ = ["Future", "Work", "completed_work", "timeout_error", "wait_requests"]
+__all__ = ["Future", "ProbedRecv", "Work", "completed_work", "test_all", "timeout_error", "wait_requests"]
 
 _monotonic = time.monotonic
 _sleep = time.sleep
@@ -46,13 +46,10 @@ def wait_requests(reqs: Sequence[Any], timeout_s: float, status: Any = None) -> 
                 return bool(req.Test(status))
 
     else:
-        from mpi4py import MPI
-
-        testall = MPI.Request.Testall
         lst = list(reqs)
 
         def test() -> bool:
-            return bool(testall(lst))
+            return test_all(lst)
 
     if test():
         return True
@@ -75,6 +72,52 @@ def wait_requests(reqs: Sequence[Any], timeout_s: float, status: Any = None) -> 
                     _yield()
                 else:
                     _sleep(0.001)
+
+
+def test_all(reqs: list[Any]) -> bool:
+    """``MPI_Testall`` of ``reqs``; request-like objects of hpcdist's own (:class:`ProbedRecv`) tested one by one."""
+    from mpi4py import MPI
+
+    try:
+        return bool(MPI.Request.Testall(reqs))
+    except TypeError:  # a ProbedRecv among them
+        return all([r.Test() for r in reqs])
+
+
+class ProbedRecv:
+    """A receive from any source as ``MPI_Improbe(ANY_SOURCE)`` polled, then ``MPI_Imrecv`` of the matched message.
+
+    MPICH 4.3 can lose an ``MPI_Irecv(ANY_SOURCE)`` on a communicator built
+    by ``MPI_Comm_connect``/``accept`` and merged (the launcher-free worlds of
+    :mod:`hpcdist.rendezvous.ports`): the receive never completes. Probing and
+    then receiving the matched message does not lose it. Has the
+    ``Test``/``Cancel``/``Wait`` of an ``MPI.Request``; ``status`` is filled
+    with the sender when the message is matched.
+    """
+
+    __slots__ = ("_comm", "_req", "_spec", "_tag", "status")
+
+    def __init__(self, comm: Any, spec: Any, tag: int, status: Any) -> None:
+        self._comm, self._spec, self._tag, self.status = comm, spec, tag, status
+        self._req: Any = None
+
+    def Test(self, status: Any = None) -> bool:
+        if self._req is None:
+            from mpi4py import MPI
+
+            msg = self._comm.Improbe(MPI.ANY_SOURCE, self._tag, self.status)
+            if msg is None:
+                return False
+            self._req = msg.Irecv(self._spec)
+        return bool(self._req.Test())
+
+    def Cancel(self) -> None:
+        if self._req is not None:  # nothing is matched before the probe succeeds: nothing to cancel
+            self._req.Cancel()
+
+    def Wait(self) -> None:
+        if self._req is not None:
+            self._req.Wait()
 
 
 def timeout_error(name: Any, limit: float, cancelled: bool = False) -> DistTimeoutError:
@@ -196,13 +239,8 @@ class Work:
         """Non-blocking: has the operation completed (successfully or not)?"""
         if self._done or self._exc is not None:
             return True
-        from mpi4py import MPI
-
         reqs = self._reqs
-        if self._status is not None and reqs:
-            ready = reqs[0].Test(self._status)
-        else:
-            ready = not reqs or MPI.Request.Testall(list(reqs))
+        ready = reqs[0].Test(self._status) if self._status is not None and reqs else not reqs or test_all(list(reqs))
         if ready:
             try:
                 self._finish()
@@ -282,10 +320,9 @@ def _reap() -> None:
     if MPI.Is_finalized():
         _ORPHANS.clear()
         return
-    testall = MPI.Request.Testall
     while _ORPHANS:
         reqs, post, _keep, timeout_s = _ORPHANS[0]
-        done = testall(list(reqs))
+        done = test_all(list(reqs))
         if not done and (len(_ORPHANS) <= _MAX_ORPHANS or not wait_requests(reqs, timeout_s)):
             return  # the oldest is still in flight (and within the bound, or its peer is gone)
         _ORPHANS.popleft()

@@ -24,7 +24,7 @@ from ..buffers.packing import pack as _pack
 from ..buffers.packing import unpack as _unpack
 from ..buffers.reduction import finish_reduce, premultiply, prepare, widen
 from ..ops import ResolvedOp
-from ..work import Work, timeout_error, wait_requests
+from ..work import ProbedRecv, Work, timeout_error, wait_requests
 from . import register_builtin
 
 __all__ = ["MPIEngine"]
@@ -33,6 +33,7 @@ __all__ = ["MPIEngine"]
 from mpi4py import MPI
 
 _IN_PLACE = MPI.IN_PLACE
+_ANY_SOURCE = MPI.ANY_SOURCE
 _OPS: dict[str, Any] = {}
 
 
@@ -276,10 +277,16 @@ class MPIEngine:
             if not wait_requests([req], pg._timeout_s):
                 raise timeout_error(("send", pg), pg._timeout_s)
 
+    def _irecv(self, spec: list[Any], src: int, tag: int, status: Any) -> Any:
+        """``MPI_Irecv``, or from any source on a launcher-free world a :class:`ProbedRecv` (an MPICH workaround)."""
+        if src == _ANY_SOURCE and self.pg._probe_any:
+            return ProbedRecv(self.comm, spec, tag, status)
+        return self.comm.Irecv(spec, src, tag)
+
     def recv_now(self, buf: Buf, src: int, tag: int) -> int:
         """Blocking receive polled inline; returns the sender's global rank. On timeout it is cancelled."""
         status = MPI.Status()
-        req = self.comm.Irecv([buf.arr, mpi_datatype(buf.arr.dtype)], src, tag)
+        req = self._irecv([buf.arr, mpi_datatype(buf.arr.dtype)], src, tag, status)
         if not req.Test(status):
             pg = self.pg
             if not wait_requests([req], pg._timeout_s, status):
@@ -296,7 +303,7 @@ class MPIEngine:
     def recv(self, buf: Buf, src: int, tag: int) -> Work:
         """Receive into ``buf`` from group rank ``src`` (``MPI.ANY_SOURCE`` allowed)."""
         status = MPI.Status()
-        req = self.comm.Irecv(_msg(buf.arr), src, tag)
+        req = self._irecv(_msg(buf.arr), src, tag, status)
         pg = self.pg
         work: Work
 
