@@ -341,3 +341,42 @@ dist.destroy_process_group()
     r = run_free(2, script, tmp_path, limit=150, args=["1500"])
     assert r.returncode == 0 and not r.timed_out, r.output
     assert r.stdout.count("RECEIVED ALL") == 2, r.output
+
+
+# ---------------------------------------------------------------- minors
+
+
+@pytest.mark.parametrize("sig", ["SIGHUP", "SIGTERM"])
+def test_hpcdist_run_forwards_hangup_and_leaves_no_rank_behind(tmp_path, sig):
+    import signal
+    import subprocess
+    import sys
+
+    from mpirun import ROOT
+
+    script = tmp_path / "sleeper.py"
+    script.write_text(f"import os, time\nos.write(1, b'UP' + bytes([10]))\ntime.sleep({STALL})\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    env.pop("SLURM_JOB_ID", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpcdist", "run", "-n", "2", str(script)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        ups = 0
+        deadline = time.monotonic() + 60
+        while ups < 2 and time.monotonic() < deadline:  # both ranks started
+            ups += "UP" in proc.stdout.readline()
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=MARGIN)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + getattr(signal, sig), err
+    assert f"received {sig}" in err
+    assert orphans(tmp_path) == []
