@@ -52,10 +52,20 @@ __all__ = [
 SUM = RedOpType.SUM
 
 
-def _engine(pg: ProcessGroup, buf: Buf, desc: str) -> Any:
-    """The group's engine for ``buf``'s device; in debug DETAIL mode, check every rank calls ``desc`` first."""
+def _engine(pg: ProcessGroup, buf: Buf, desc: str, root: int = -1, sized: bool = False) -> Any:
+    """The group's engine for ``buf``'s device.
+
+    In debug DETAIL mode, first check that every rank calls ``desc`` with
+    ``buf``'s dtype, the same ``root`` (a group rank) and, where every rank
+    must pass the same shape (``sized``), ``buf``'s shape.
+    """
     if DETAIL[0]:
-        check_collective(pg, f"{desc}({buf.dtype})")
+        parts = [str(buf.dtype)]
+        if root >= 0:
+            parts.append(f"root {root}")
+        if sized:
+            parts.append(f"shape {tuple(buf.shape)}")
+        check_collective(pg, f"{desc}({', '.join(parts)})")
     return pg.engine(buf.device)
 
 
@@ -131,7 +141,7 @@ def broadcast(
         return None
     root = group_rank(pg, src, group_src, "src")
     buf = adapt(tensor, "tensor", pg._rank != root)
-    return _done(_engine(pg, buf, "broadcast").broadcast(buf, root, sync=not async_op), async_op)
+    return _done(_engine(pg, buf, "broadcast", root, sized=True).broadcast(buf, root, sync=not async_op), async_op)
 
 
 def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = False) -> Work | None:
@@ -146,7 +156,7 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
     buf = adapt(tensor, "tensor", True)
     rop = resolve_op(op, buf.dtype)
     if DETAIL[0]:
-        check_collective(pg, f"all_reduce({buf.dtype}, {rop.kind.name})")
+        check_collective(pg, f"all_reduce({buf.dtype}, {rop.kind.name}, shape {tuple(buf.shape)})")
     work = pg.engine(buf.device).all_reduce(buf, rop, not async_op)
     if async_op:
         return work
@@ -170,7 +180,7 @@ def reduce(
     root = group_rank(pg, dst, group_dst, "dst")
     buf = adapt(tensor, "tensor", pg._rank == root)
     rop = resolve_op(op, buf.dtype)
-    return _done(_engine(pg, buf, "reduce").reduce(buf, root, rop, sync=not async_op), async_op)
+    return _done(_engine(pg, buf, "reduce", root, sized=True).reduce(buf, root, rop, sync=not async_op), async_op)
 
 
 def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, async_op: bool = False) -> Work | None:
@@ -185,7 +195,7 @@ def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, a
     _same_kind(bufs[0], bufs[1:], "tensors", start=1)
     rop = resolve_op(op, bufs[0].dtype, "op")
     if bufs[0].device != "cpu":
-        works = [_engine(pg, b, "all_reduce").all_reduce(b, rop, sync=False) for b in bufs]
+        works = [_engine(pg, b, "all_reduce", sized=True).all_reduce(b, rop, sync=False) for b in bufs]
         return _done(combine(works, "all_reduce_coalesced", pg), async_op)
     flat = pack(bufs, bufs[0].arr.dtype)
     packed = Buf(flat, tensors, bufs[0].dtype, "cpu", lambda: unpack(flat, bufs))
@@ -266,7 +276,7 @@ def all_gather_into_tensor(
     out = adapt(output_tensor, "output_tensor", True)
     _same(out, inp, "output_tensor", "input_tensor")
     _group_multiple(pg, out, "output_tensor", inp, "input")
-    return _done(_engine(pg, inp, "all_gather_into").all_gather_into(out, inp, sync=not async_op), async_op)
+    return _done(_engine(pg, inp, "all_gather_into", sized=True).all_gather_into(out, inp, sync=not async_op), async_op)
 
 
 def all_gather_single(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
@@ -338,7 +348,7 @@ def gather(
     root = group_rank(pg, 0 if dst is None and group_dst is None else dst, group_dst, "dst")
     inp = adapt(tensor, "tensor", False)
     outs = _root_list(pg, root, gather_list, "gather_list", inp, True, "destination")
-    return _done(_engine(pg, inp, "gather").gather(inp, outs, root, sync=not async_op), async_op)
+    return _done(_engine(pg, inp, "gather", root).gather(inp, outs, root, sync=not async_op), async_op)
 
 
 def scatter(
@@ -360,7 +370,7 @@ def scatter(
     root = group_rank(pg, 0 if src is None and group_src is None else src, group_src, "src")
     out = adapt(tensor, "tensor", True)
     ins = _root_list(pg, root, scatter_list, "scatter_list", out, False, "source")
-    return _done(_engine(pg, out, "scatter").scatter(out, ins, root, sync=not async_op), async_op)
+    return _done(_engine(pg, out, "scatter", root).scatter(out, ins, root, sync=not async_op), async_op)
 
 
 # ------------------------------------------------------------------ reduce-scatter
@@ -396,7 +406,8 @@ def reduce_scatter_tensor(
     _group_multiple(pg, inp, "input", out, "output")
     rop = resolve_op(op, out.dtype)
     return _done(
-        _engine(pg, out, "reduce_scatter_tensor").reduce_scatter_tensor(out, inp, rop, sync=not async_op), async_op
+        _engine(pg, out, "reduce_scatter_tensor", sized=True).reduce_scatter_tensor(out, inp, rop, sync=not async_op),
+        async_op,
     )
 
 
@@ -500,6 +511,8 @@ def barrier(
         return None
     if timeout is not None and not isinstance(timeout, timedelta):
         raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+    if DETAIL[0]:
+        check_collective(pg, "barrier()")
     bmap = pg._backend_map  # an NCCL-only group has no cpu engine: its engine's barrier runs over MPI
     work = pg.engine("cpu" if "cpu" in bmap else next(iter(bmap))).barrier(sync=not async_op and timeout is None)
     if work is not None and not async_op:

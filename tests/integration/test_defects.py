@@ -380,3 +380,39 @@ def test_hpcdist_run_forwards_hangup_and_leaves_no_rank_behind(tmp_path, sig):
     assert proc.returncode == 128 + getattr(signal, sig), err
     assert f"received {sig}" in err
     assert orphans(tmp_path) == []
+
+
+def test_detail_names_mismatched_barrier_roots_and_shapes(tmp_path):
+    script = (
+        PRELUDE
+        + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=20))
+r = dist.get_rank()
+cases = {
+    "barrier": lambda: dist.barrier() if r == 0 else dist.all_reduce(np.ones(4)),
+    "root": lambda: dist.broadcast(np.ones(4), src=r),
+    "shape": lambda: dist.all_reduce(np.ones(4 + r)),
+    "reduce_root": lambda: dist.reduce(np.ones(2), dst=1 - r),
+}
+for name, call in cases.items():
+    try:
+        call()
+        say("NOT CAUGHT", name)
+    except dist.DistError as e:
+        say("MISMATCH", name, r, e)
+x = np.ones(3)
+dist.all_reduce(x)                     # nothing was left in flight: the group still works
+say("STILL USABLE", x.tolist())
+dist.destroy_process_group()
+"""
+    )
+    r = run_mpi(2, script, tmp_path, env={"HPCDIST_DEBUG": "DETAIL"}, limit=90)
+    assert r.returncode == 0 and not r.timed_out, r.output
+    assert "NOT CAUGHT" not in r.stdout, r.output
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("MISMATCH")]
+    assert len(lines) == 8, r.output
+    text = "\n".join(lines)
+    assert "global rank 0: barrier()" in text and "global rank 1: all_reduce(float64, SUM, shape (4,))" in text
+    assert "broadcast(float64, root 0, shape (4,))" in text and "broadcast(float64, root 1, shape (4,))" in text
+    assert "shape (5,)" in text and "reduce(float64, root 1" in text
+    assert r.stdout.count("STILL USABLE [2.0, 2.0, 2.0]") == 2, r.output
