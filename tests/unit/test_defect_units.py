@@ -66,3 +66,15 @@ def test_lazy_conjugate_and_negative_torch_views_raise_hpcdists_type_error():
     with pytest.raises(TypeError, match=r"negative view .*resolve_neg\(\)"):
         adapt(z.conj().imag, "tensor", True)
     assert adapt(z.conj().resolve_conj(), "tensor", True).dtype == "complex64"
+
+
+def test_a_transport_failure_of_the_port_join_names_the_transport_settings_not_the_mpi_version():
+    from hpcdist.rendezvous.ports import connect_failure
+
+    lib = "MPICH Version:      4.3.2\nMPICH Release date: Mon Oct  6 2025\n"
+    text = connect_failure(1, "Invalid port, error stack:\n...", lib)
+    assert "rank 1" in text and "Invalid port" in text and "MPICH Version:      4.3.2" in text
+    assert "UCX_TLS=tcp,self" in text and "MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp" in text
+    assert "install an MPI" not in text  # the version is fine: do not blame it
+    broken = connect_failure(0, "Local and remote groups ...", "MPICH Version:      5.0.0\n")
+    assert "MPICH 5.0.x cannot join" in broken
