@@ -95,6 +95,8 @@ def init_process_group(
     WORLD.store_owned = store is None
     WORLD.joined_comm = joined.comm
     export_torchrun_env(comm, comm.Get_rank(), n, store=group_store, timeout=tmo)
+    if joined.launcher is None and n > 1:  # no launcher ends the job when a rank dies: notice it ourselves
+        WORLD.liveness = _liveness(group_store, comm.Get_rank(), n, tmo)
     set_debug_level_from_env()  # HPCDIST_DEBUG / TORCH_DISTRIBUTED_DEBUG, read once per init
     if n > 1 and config.abort_on_exception():
         _install_abort_hook()
@@ -105,6 +107,14 @@ def _timed_dup(comm: Any, timeout: timedelta) -> Any:
     new, req = comm.Idup()
     wait_or_raise(comm, [req], timeout.total_seconds(), "init_process_group", INIT_HINT)
     return new
+
+
+def _liveness(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
+    """The liveness connections of a launcher-free world (rank 0 listens where its store does)."""
+    from .rendezvous.group_store import host_address
+    from .rendezvous.liveness import Liveness
+
+    return Liveness(store, rank, size, timeout, str(getattr(store, "host", "") or host_address()))
 
 
 def _group_store(comm: Any, timeout: timedelta) -> Any:
@@ -155,6 +165,8 @@ def destroy_process_group(group: Any = None) -> None:
             raise not_initialized()
         owned = WORLD.store if WORLD.store_owned else None
         joined = WORLD.joined_comm
+        if WORLD.liveness is not None:
+            WORLD.liveness.leave()
         for pg in list(WORLD.groups.values()):
             destroy_group(pg)
         WORLD.reset()

@@ -416,3 +416,41 @@ dist.destroy_process_group()
     assert "broadcast(float64, root 0, shape (4,))" in text and "broadcast(float64, root 1, shape (4,))" in text
     assert "shape (5,)" in text and "reduce(float64, root 1" in text
     assert r.stdout.count("STILL USABLE [2.0, 2.0, 2.0]") == 2, r.output
+
+
+@pytest.mark.parametrize("victim", [2, 0])
+def test_launcher_free_world_fails_fast_naming_a_killed_peer(tmp_path, victim):
+    script = (
+        PRELUDE
+        + f"""
+import signal
+dist.init_process_group("mpi", init_method="env://", timeout=timedelta(seconds={STALL}))
+if dist.get_rank() == {victim}:
+    os.kill(os.getpid(), signal.SIGKILL)      # dies without a word
+time.sleep(0.5)
+dist.all_reduce(np.ones(4))                    # the survivors would wait the full timeout
+say("NOT ENDED")
+"""
+    )
+    r = run_free(3, script, tmp_path, limit=STALL - 20)
+    ended_promptly(r, tmp_path, 0)
+    assert "NOT ENDED" not in r.stdout
+    assert f"hpcdist: rank {victim} of this launcher-free world of 3 died" in r.stderr, r.output
+
+
+def test_launcher_free_world_ranks_leaving_at_different_times_is_not_a_death(tmp_path):
+    script = (
+        PRELUDE
+        + """
+dist.init_process_group("mpi", init_method="env://", timeout=timedelta(seconds=60))
+x = np.ones(2)
+dist.all_reduce(x)
+if dist.get_rank() == 1:
+    sys.exit(0)                                # leaves early without destroy_process_group: a normal exit
+time.sleep(3)                                  # rank 0 "writes a checkpoint" meanwhile
+say("FINISHED", dist.get_rank(), x.tolist())
+"""
+    )
+    r = run_free(2, script, tmp_path, limit=90)
+    assert r.returncode == 0 and not r.timed_out, r.output
+    assert "FINISHED 0 [2.0, 2.0]" in r.stdout and "died" not in r.stderr, r.output
