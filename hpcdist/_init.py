@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import config, flight
+from ._timed import INIT_HINT, wait_or_raise
 from ._watchdog import abort_job
 from ._world import WORLD, not_initialized
 from .backends import parse_backend
@@ -93,7 +94,9 @@ def init_process_group(
     WORLD.store = group_store
     WORLD.store_owned = store is None
     WORLD.joined_comm = joined.comm
-    export_torchrun_env(comm, comm.Get_rank(), n, store=group_store)
+    export_torchrun_env(comm, comm.Get_rank(), n, store=group_store, timeout=tmo)
+    if joined.launcher is None and n > 1:  # no launcher ends the job when a rank dies: notice it ourselves
+        WORLD.liveness = _liveness(group_store, comm.Get_rank(), n, tmo)
     set_debug_level_from_env()  # HPCDIST_DEBUG / TORCH_DISTRIBUTED_DEBUG, read once per init
     flight.install(group_store if n > 1 else None)  # dump directory, dump requests, SIGUSR2 (docs/debugging.md)
     if n > 1 and config.abort_on_exception():
@@ -102,16 +105,17 @@ def init_process_group(
 
 def _timed_dup(comm: Any, timeout: timedelta) -> Any:
     """MPI_Comm_idup polled against the timeout: a rank that never comes can't hang init."""
-    from .errors import DistTimeoutError
-    from .work import wait_requests
-
     new, req = comm.Idup()
-    if not wait_requests([req], timeout.total_seconds()):
-        raise DistTimeoutError(
-            f"init_process_group: not every one of the {comm.Get_size()} processes arrived within "
-            f"{timeout.total_seconds():g}s (every process must call init_process_group)"
-        )
+    wait_or_raise(comm, [req], timeout.total_seconds(), "init_process_group", INIT_HINT)
     return new
+
+
+def _liveness(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
+    """The liveness connections of a launcher-free world (rank 0 listens where its store does)."""
+    from .rendezvous.group_store import host_address
+    from .rendezvous.liveness import Liveness
+
+    return Liveness(store, rank, size, timeout, str(getattr(store, "host", "") or host_address()))
 
 
 def _group_store(comm: Any, timeout: timedelta) -> Any:
@@ -163,6 +167,8 @@ def destroy_process_group(group: Any = None) -> None:
         owned = WORLD.store if WORLD.store_owned else None
         joined = WORLD.joined_comm
         flight.stop()  # its store connection, before the store closes
+        if WORLD.liveness is not None:
+            WORLD.liveness.leave()
         for pg in list(WORLD.groups.values()):
             destroy_group(pg)
         WORLD.reset()
@@ -223,19 +229,25 @@ def get_world_size(group: Any = None) -> int:
 
 
 def get_backend(group: Any = None) -> str:
-    """The backend name of ``group``: ``"mpi"``, ``"gloo"`` (which runs on MPI), ``"nccl"`` or a device map."""
-    pg = resolve_group(group, "get_backend")
-    if pg is None:
-        raise ValueError("get_backend: this rank is not a member of the group")
-    return pg._backend_str
+    """The backend name of ``group``: ``"mpi"``, ``"gloo"`` (which runs on MPI), ``"nccl"`` or a device map.
+
+    Raises ValueError (no warning) on a rank that is not a member, as torch.
+    """
+    return _queried_pg(group, "get_backend")._backend_str
 
 
 def get_backend_config(group: Any = None) -> str:
     """The device map of ``group``'s backend, e.g. ``"cpu:mpi,cuda:mpi"``."""
-    pg = resolve_group(group, "get_backend_config")
-    if pg is None:
-        raise ValueError("get_backend_config: this rank is not a member of the group")
+    pg = _queried_pg(group, "get_backend_config")
     return ",".join(f"{d}:{b}" for d, b in sorted(pg._backend_map.items()))
+
+
+def _queried_pg(group: Any, what: str) -> ProcessGroup:
+    """The group a query is about; ValueError (torch's "Invalid process group specified") for a non-member."""
+    pg = _member_pg(group, what)
+    if pg is None:
+        raise ValueError(f"Invalid process group specified: {what}() on a group this rank is not a member of")
+    return pg
 
 
 def get_pg_count() -> int:

@@ -84,7 +84,7 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
             raise ValueError(f"environment variable LOCAL_RANK must be an int, got {raw!r}") from None
     pg = WORLD.default_pg
     if pg is not None:
-        return node_local_rank(pg._comm)
+        return node_local_rank(pg)
     if fallback_rank is not None:
         return int(fallback_rank)
     raise RuntimeError(
@@ -93,17 +93,12 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
     )
 
 
-_LOCAL: dict[int, int] = {}
+def node_local_rank(pg: Any) -> int:
+    """Rank among the ranks of ``pg`` on this node (``MPI_Comm_split_type`` SHARED, bounded by the group's
+    timeout); cached on the group, so every rank enters the split the same number of times."""
+    if pg._node_local is None:
+        from ._timed import timed_split_shared
 
-
-def node_local_rank(comm: Any) -> int:
-    """Rank among the ranks of ``comm`` on this node (MPI_Comm_split_type SHARED); cached per comm."""
-    key = id(comm)
-    hit = _LOCAL.get(key)
-    if hit is None:
-        from mpi4py import MPI
-
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        hit = _LOCAL[key] = node.Get_rank()
-        node.Free()
-    return hit
+        hint = "get_node_local_rank() is collective the first time on a group: every rank must call it"
+        pg._node_local = timed_split_shared(pg._comm, pg._timeout_s, "get_node_local_rank", hint)[0]
+    return int(pg._node_local)

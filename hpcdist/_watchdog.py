@@ -8,6 +8,10 @@ message naming the operation and the group and ends the job with
 ``MPI_Abort`` — like NCCL's watchdog in torch. It never hangs forever, but
 the error cannot be caught; ``HPCDIST_WAIT=poll`` raises it in the calling
 thread instead (at some cost in speed). ``block`` is the default.
+
+Each thread's call has its own deadline (docs/sharp-bits.md, "Threads"), and
+a call that returns within a short grace period after its deadline is not
+aborted.
 """
 
 from __future__ import annotations
@@ -17,28 +21,35 @@ import threading
 import time
 from typing import Any
 
+_get_ident = threading.get_ident
+_monotonic = time.monotonic
+
 __all__ = ["Watchdog", "WATCHDOG"]
 
 
 class Watchdog:
-    """One daemon thread watching the one blocking call in flight."""
+    """One daemon thread watching every blocking call in flight: one deadline per calling thread.
 
-    def __init__(self) -> None:
-        self.deadline = 0.0  # monotonic deadline of the call in flight; 0: none
-        self.what: Any = None
-        self.limit = 0.0
+    A thread has at most one blocking MPI call in flight, so the slot of a
+    call is its thread: ``arm`` returns the slot's entry and ``disarm``
+    removes it. A call hung in one thread is aborted on time while other
+    threads go on arming and disarming calls of their own.
+    """
+
+    def __init__(self, grace: float = 0.2) -> None:
+        #: thread ident -> (monotonic deadline, limit in s, what is in flight)
+        self.calls: dict[int, tuple[float, float, Any]] = {}
+        self.grace = grace  # a call past its deadline is given this long to return before the job is ended
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def arm(self, limit: float, what: Any) -> None:
         if self._thread is None:
             self._start()
-        self.what = what
-        self.limit = limit
-        self.deadline = time.monotonic() + limit
+        self.calls[_get_ident()] = (_monotonic() + limit, limit, what)
 
     def disarm(self) -> None:
-        self.deadline = 0.0
+        self.calls.pop(_get_ident(), None)
 
     def _start(self) -> None:
         with self._lock:
@@ -47,21 +58,36 @@ class Watchdog:
                 t.start()
                 self._thread = t
 
+    def overdue(self, now: float) -> tuple[int, tuple[float, float, Any]] | None:
+        """The first call in flight past its deadline at ``now``, as (thread ident, entry); else None."""
+        for ident, entry in list(self.calls.items()):
+            if now > entry[0]:
+                return ident, entry
+        return None
+
     def _run(self) -> None:
         while True:
-            deadline = self.deadline
-            if deadline and time.monotonic() > deadline and self.deadline == deadline:
-                self._fire()
-                return
-            time.sleep(0.05 if not deadline else min(0.5, max(0.01, (deadline - time.monotonic()) / 2)))
+            hit = self.overdue(_monotonic())
+            if hit is not None:
+                ident, entry = hit
+                time.sleep(self.grace)  # a call that returns right at its deadline is not aborted
+                if self.calls.get(ident) is entry:
+                    self._fire(ident, entry)
+                    return
+                continue
+            deadlines = [e[0] for e in list(self.calls.values())]
+            left = min(deadlines) - _monotonic() if deadlines else 0.1
+            time.sleep(min(0.1, max(0.005, left)))
 
-    def _fire(self) -> None:
-        what = self.what
+    def _fire(self, ident: int, entry: tuple[float, float, Any]) -> None:
+        _, limit, what = entry
         desc = what if isinstance(what, str) else f"{what[0]} on {what[1]!r}"
+        thread = next((t.name for t in threading.enumerate() if t.ident == ident), str(ident))
         abort_job(
-            f"hpcdist.DistTimeoutError: {desc} did not complete within {self.limit:g}s: a peer may have died, be "
-            "stuck, or have called a different operation. Ending the job (MPI_Abort) because a blocking MPI call "
-            "cannot be interrupted (HPCDIST_WAIT=block); use HPCDIST_WAIT=poll to get a catchable exception.\n",
+            f"hpcdist.DistTimeoutError: {desc} (in thread {thread!r}) did not complete within {limit:g}s: a peer "
+            "may have died, be stuck, or have called a different operation. Ending the job (MPI_Abort) because a "
+            "blocking MPI call cannot be interrupted (HPCDIST_WAIT=block); use HPCDIST_WAIT=poll to get a catchable "
+            "exception.\n",
             124,
         )
 

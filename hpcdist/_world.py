@@ -27,6 +27,7 @@ class World:
         self.launcher: str | None = None
         self.init_method: str | None = None
         self.device_id: Any = None
+        self.liveness: Any = None  # rendezvous.liveness.Liveness of a launcher-free world
 
     def next_name(self) -> str:
         name = str(self.pg_count)

@@ -28,7 +28,7 @@ from .buffers.packing import pack, unpack
 from .debug import DETAIL, check_collective
 from .flight import END, attach
 from .group import ProcessGroup, group_rank, resolve_group
-from .ops import RedOpType, resolve_op
+from .ops import RedOpType, resolve_op, supports_complex
 from .work import Work
 
 __all__ = [
@@ -53,15 +53,22 @@ __all__ = [
 SUM = RedOpType.SUM
 
 
-def _engine(pg: ProcessGroup, buf: Buf, desc: str, root: int = -1) -> tuple[Any, list[Any] | None]:
+def _engine(pg: ProcessGroup, buf: Buf, desc: str, root: int = -1, sized: bool = False) -> tuple[Any, list[Any] | None]:
     """The group's engine for ``buf``'s device and the call's flight-recorder entry (None when off).
 
-    In debug DETAIL mode, first check that every rank calls ``desc``.
+    In debug DETAIL mode, first check that every rank calls ``desc`` with
+    ``buf``'s dtype, the same ``root`` (a group rank) and, where every rank
+    must pass the same shape (``sized``), ``buf``'s shape.
     """
     fr = pg._flight
     entry = None if fr is None else fr.coll(desc, buf.dtype, buf.arr.size, root)
     if DETAIL[0]:
-        check_collective(pg, f"{desc}({buf.dtype})")
+        parts = [str(buf.dtype)]
+        if root >= 0:
+            parts.append(f"root {root}")
+        if sized:
+            parts.append(f"shape {tuple(buf.shape)}")
+        check_collective(pg, f"{desc}({', '.join(parts)})")
     return pg.engine(buf.device), entry
 
 
@@ -78,8 +85,9 @@ def _done(work: Work | None, async_op: bool, entry: list[Any] | None) -> Work | 
     return None
 
 
-def _same_kind(ref: Buf, others: list[Buf], argname: str) -> None:
-    for i, b in enumerate(others):
+def _same_kind(ref: Buf, others: list[Buf], argname: str, start: int = 0) -> None:
+    """``others`` (``argname[start:]``) have ``ref``'s dtype and device; errors name the true index."""
+    for i, b in enumerate(others, start):
         if b.dtype != ref.dtype:
             raise TypeError(f"{argname}[{i}] has dtype {b.dtype}, expected {ref.dtype} (the input's dtype)")
         if b.device != ref.device or b.index != ref.index:
@@ -141,7 +149,7 @@ def broadcast(
         return None
     root = group_rank(pg, src, group_src, "src")
     buf = adapt(tensor, "tensor", pg._rank != root)
-    eng, entry = _engine(pg, buf, "broadcast", root)
+    eng, entry = _engine(pg, buf, "broadcast", root, sized=True)
     return _done(eng.broadcast(buf, root, sync=not async_op), async_op, entry)
 
 
@@ -159,7 +167,7 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
     fr = pg._flight  # the hot path: _engine and _done inlined
     entry = None if fr is None else fr.coll("all_reduce", buf.dtype, buf.arr.size, -1)
     if DETAIL[0]:
-        check_collective(pg, f"all_reduce({buf.dtype}, {rop.kind.name})")
+        check_collective(pg, f"all_reduce({buf.dtype}, {rop.kind.name}, shape {tuple(buf.shape)})")
     work = pg.engine(buf.device).all_reduce(buf, rop, not async_op)
     if async_op:
         if entry is not None:
@@ -187,7 +195,7 @@ def reduce(
     root = group_rank(pg, dst, group_dst, "dst")
     buf = adapt(tensor, "tensor", pg._rank == root)
     rop = resolve_op(op, buf.dtype)
-    eng, entry = _engine(pg, buf, "reduce", root)
+    eng, entry = _engine(pg, buf, "reduce", root, sized=True)
     return _done(eng.reduce(buf, root, rop, sync=not async_op), async_op, entry)
 
 
@@ -199,7 +207,8 @@ def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, a
     bufs = adapt_list(tensors, "tensors", True)
     if not bufs:
         raise ValueError("tensors must hold at least one array")
-    _same_kind(bufs[0], bufs[1:], "tensors")
+    bufs = _complex_as_real(bufs, op)
+    _same_kind(bufs[0], bufs[1:], "tensors", start=1)
     rop = resolve_op(op, bufs[0].dtype, "op")
     if bufs[0].device != "cpu":
         return _done(_parts(pg, [(b, (b, rop)) for b in bufs], "all_reduce", "all_reduce_coalesced"), async_op, None)
@@ -219,6 +228,30 @@ def _parts(pg: ProcessGroup, calls: list[tuple[Buf, tuple]], method: str, name: 
             attach(entry, work)
         works.append(work)
     return combine(works, name, pg)
+
+
+_REAL_OF = {"complex64": "float32", "complex128": "float64"}
+
+
+def _complex_as_real(bufs: list[Buf], op: Any) -> list[Buf]:
+    """As torch: a complex array joins a list of its element type viewed as (real, imag) pairs.
+
+    Only where the list mixes complex arrays with real ones of their element
+    type and the op acts elementwise on the pairs (SUM, AVG, PREMUL_SUM).
+    """
+    kinds = {_REAL_OF.get(b.dtype, b.dtype) for b in bufs}
+    if len(kinds) != 1 or all(b.dtype not in _REAL_OF for b in bufs) or all(b.dtype in _REAL_OF for b in bufs):
+        return bufs
+    if not supports_complex(op):
+        raise ValueError(f"all_reduce_coalesced: op {op!r} is not defined for the complex arrays in tensors")
+    real = kinds.pop()
+    out = []
+    for b in bufs:
+        if b.dtype in _REAL_OF:
+            wb = b.writeback
+            b = Buf(b.arr.view(b.arr.real.dtype), b.obj, real, b.device, wb, b.index)
+        out.append(b)
+    return out
 
 
 def combine(works: list[Any], name: str, pg: ProcessGroup) -> Work:
@@ -272,7 +305,7 @@ def all_gather_into_tensor(
     out = adapt(output_tensor, "output_tensor", True)
     _same(out, inp, "output_tensor", "input_tensor")
     _group_multiple(pg, out, "output_tensor", inp, "input")
-    eng, entry = _engine(pg, inp, "all_gather_into")
+    eng, entry = _engine(pg, inp, "all_gather_into", sized=True)
     return _done(eng.all_gather_into(out, inp, sync=not async_op), async_op, entry)
 
 
@@ -284,21 +317,30 @@ def all_gather_single(output_tensor: Any, input_tensor: Any, group: Any = None, 
 def all_gather_coalesced(
     output_tensor_lists: list[list[Any]], input_tensor_list: list[Any], group: Any = None, async_op: bool = False
 ) -> Work | None:
-    """:func:`all_gather` of each ``input_tensor_list[i]`` into ``output_tensor_lists[i]``, all at once."""
+    """:func:`all_gather` of each ``input_tensor_list[i]``, all at once, into ``output_tensor_lists[r][i]``.
+
+    As torch documents: ``output_tensor_lists`` holds one list per group rank
+    ``r``, each with one array per input, where rank ``r``'s
+    ``input_tensor_list[i]`` lands.
+    """
     pg = resolve_group(group, "all_gather_coalesced")
     if pg is None:
         return None
     if not isinstance(output_tensor_lists, (list, tuple)) or not isinstance(input_tensor_list, (list, tuple)):
         raise TypeError("output_tensor_lists must be a list of lists and input_tensor_list a list of arrays")
-    if len(output_tensor_lists) != len(input_tensor_list):
-        raise ValueError(
-            f"output_tensor_lists has {len(output_tensor_lists)} lists but input_tensor_list has "
-            f"{len(input_tensor_list)} arrays; they must match"
-        )
+    _list_len(output_tensor_lists, pg._size, "output_tensor_lists")
+    k = len(input_tensor_list)
+    for r, outl in enumerate(output_tensor_lists):
+        if not isinstance(outl, (list, tuple)) or len(outl) != k:
+            got = len(outl) if isinstance(outl, (list, tuple)) else type(outl).__name__
+            raise ValueError(
+                f"output_tensor_lists[{r}] must hold one array per entry of input_tensor_list ({k}), got {got}"
+            )
     checked = []
-    for i, (outl, inp_obj) in enumerate(zip(output_tensor_lists, input_tensor_list)):
+    for i, inp_obj in enumerate(input_tensor_list):
         inp = adapt(inp_obj, f"input_tensor_list[{i}]", False)
-        outs = _per_rank(pg, outl, f"output_tensor_lists[{i}]", True, inp, f"input_tensor_list[{i}]")
+        column = [outl[i] for outl in output_tensor_lists]  # rank r's input i lands in output_tensor_lists[r][i]
+        outs = _per_rank(pg, column, f"output_tensor_lists[*][{i}]", True, inp, f"input_tensor_list[{i}]")
         checked.append((outs, inp))
     return _done(
         _parts(pg, [(inp, (outs, inp)) for outs, inp in checked], "all_gather", "all_gather_coalesced"), async_op, None
@@ -397,7 +439,7 @@ def reduce_scatter_tensor(
     _same(out, inp, "output", "input")
     _group_multiple(pg, inp, "input", out, "output")
     rop = resolve_op(op, out.dtype)
-    eng, entry = _engine(pg, out, "reduce_scatter_tensor")
+    eng, entry = _engine(pg, out, "reduce_scatter_tensor", sized=True)
     return _done(eng.reduce_scatter_tensor(out, inp, rop, sync=not async_op), async_op, entry)
 
 
@@ -422,7 +464,7 @@ def all_to_all(
     _list_len(input_tensor_list, pg._size, "input_tensor_list")
     ins = adapt_list(input_tensor_list, "input_tensor_list", False)
     outs = adapt_list(output_tensor_list, "output_tensor_list", True)
-    _same_kind(ins[0], ins[1:], "input_tensor_list")
+    _same_kind(ins[0], ins[1:], "input_tensor_list", start=1)
     _same_kind(ins[0], outs, "output_tensor_list")
     if ins[pg._rank].arr.size != outs[pg._rank].arr.size:
         raise ValueError(
@@ -501,6 +543,8 @@ def barrier(
         return None
     if timeout is not None and not isinstance(timeout, timedelta):
         raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+    if DETAIL[0]:
+        check_collective(pg, "barrier()")
     bmap = pg._backend_map  # an NCCL-only group has no cpu engine: its engine's barrier runs over MPI
     fr = pg._flight
     entry = None if fr is None else fr.coll("barrier", None, 0, -1)

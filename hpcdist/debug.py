@@ -86,11 +86,26 @@ def check_collective(pg: Any, desc: str) -> None:
     raise DistError(f"collective mismatch on {pg!r} (ranks must call the same collectives in the same order): {calls}")
 
 
-_SEQ: dict[int, int] = {}
+def _seconds(timeout: Any) -> float:
+    """A timedelta, or seconds as a number (torch accepts both)."""
+    if isinstance(timeout, timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise TypeError(f"timeout must be a datetime.timedelta or seconds, got {type(timeout).__name__} ({timeout!r})")
+    if not seconds > 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    return seconds
 
 
-def monitored_barrier(group: Any = None, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
+def monitored_barrier(
+    group: Any = None, timeout: timedelta | float | None = None, wait_all_ranks: bool = False
+) -> None:
     """A barrier that names the ranks that did not arrive within ``timeout``.
+
+    ``timeout`` is a ``timedelta`` or a number of seconds (as torch accepts);
+    default: the group's timeout.
 
     SPMD: every rank of the group calls it. Raises DistTimeoutError on rank 0
     naming the missing global rank(s), and on the others when rank 0 does not
@@ -99,13 +114,10 @@ def monitored_barrier(group: Any = None, timeout: timedelta | None = None, wait_
     pg = resolve_group(group, "monitored_barrier")
     if pg is None:
         return
-    if timeout is not None and not isinstance(timeout, timedelta):
-        raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
-    limit = pg._timeout_s if timeout is None else timeout.total_seconds()
+    limit = pg._timeout_s if timeout is None else _seconds(timeout)
     comm = pg._comm
-    key = id(pg)
-    seq = _SEQ.get(key, 0) + 1
-    _SEQ[key] = seq
+    pg._monitored_seq += 1  # on the group: a re-created group starts from 0 on every rank
+    seq = pg._monitored_seq
     token_tag, release_tag = internal_tag("monitored_barrier"), internal_tag("monitored_release")
     if pg._size == 1:
         return

@@ -24,11 +24,10 @@ from typing import Any
 import numpy as np
 
 from . import config
+from ._timed import guarded, timed_members_barrier, timed_split_shared, watched
 from ._world import WORLD, not_initialized
 from .backends import backend_factory, parse_backend
-from .errors import DistTimeoutError
 from .flight import new_ring
-from .work import wait_requests
 
 __all__ = [
     "GroupMember",
@@ -82,6 +81,12 @@ class ProcessGroup:
         self._block = config.wait_mode() == "block"  # HPCDIST_WAIT: how blocking calls wait
         self._flight = new_ring()  # this group's last operations (hpcdist.flight), None when off
         self.bound_device_id: Any = None
+        # held during a blocking call on this group: a second thread's blocking call raises (busy_error)
+        self._call_lock, self._thread_level = _call_lock()
+        self._monitored_seq = 0  # monitored_barrier's sequence number on this group
+        self._node_local: int | None = None  # node-local rank (a collective to find; cached per group)
+        # a world joined over MPI ports (no launcher): receives from any source probe first (work.ProbedRecv)
+        self._probe_any = WORLD.launcher is None and self._size > 1
 
     # torch's ProcessGroup API
     def rank(self) -> int:
@@ -128,6 +133,22 @@ class ProcessGroup:
             eng = self._engines[device_type] = backend_factory(name)(self, device_type)
         return eng
 
+    def busy_error(self, opname: str) -> Exception:
+        """The error of a blocking call entered while another thread is inside one on this group."""
+        from .errors import DistError
+
+        if self._thread_level != "multiple":
+            return DistError(
+                f"{opname} on {self!r}: another thread is inside a blocking hpcdist call, and this MPI provides only "
+                f"MPI_THREAD_{self._thread_level.upper()} (MPI.Query_thread()), so calls from different threads "
+                "must not overlap; make them from one thread, or use an MPI with MPI_THREAD_MULTIPLE"
+            )
+        return DistError(
+            f"{opname} on {self!r}: another thread is inside a blocking call on this group. The ranks of a group "
+            "must issue its collectives in one order, which concurrent threads cannot guarantee: issue them from "
+            "one thread, or give each thread a group of its own (new_group)"
+        )
+
     def _free(self) -> None:
         if self._destroyed:
             return
@@ -154,6 +175,34 @@ class ProcessGroup:
 
     def __repr__(self) -> str:
         return f"<ProcessGroup {self.group_name!r} rank {self._rank}/{self._size} backend={self._backend_str}>"
+
+
+_SHARED_LOCK: list[Any] = []
+
+
+def _call_lock() -> tuple[Any, str]:
+    """(the lock guarding blocking calls on a new group, the MPI thread level's name).
+
+    With ``MPI_THREAD_MULTIPLE`` every group has its own lock: threads may run
+    blocking calls on different groups at once. Below it, one lock is shared
+    by all groups: calls from different threads must never overlap.
+    """
+    import threading
+
+    from mpi4py import MPI
+
+    names = {
+        MPI.THREAD_SINGLE: "single",
+        MPI.THREAD_FUNNELED: "funneled",
+        MPI.THREAD_SERIALIZED: "serialized",
+        MPI.THREAD_MULTIPLE: "multiple",
+    }
+    level = names.get(MPI.Query_thread(), "single")
+    if level == "multiple":
+        return threading.Lock(), level
+    if not _SHARED_LOCK:
+        _SHARED_LOCK.append(threading.Lock())
+    return _SHARED_LOCK[0], level
 
 
 class _WorldMeta(type):
@@ -238,14 +287,27 @@ def group_rank(pg: ProcessGroup, glob: Any, grp: Any, name: str) -> int:
     return r
 
 
-def _timed_barrier(comm: Any, timeout_s: float, what: str) -> None:
-    """A barrier that raises DistTimeoutError instead of hanging."""
-    req = comm.Ibarrier()
-    if not wait_requests([req], timeout_s):
-        raise DistTimeoutError(
-            f"{what}: not every rank arrived within {timeout_s:g}s (group creation is collective: every rank "
-            "of the parent group must call it, in the same order)"
-        )
+#: What a rank stuck creating a group is told.
+GROUP_HINT = (
+    "group creation is collective: every rank of the parent group must call it, in the same order, with the same "
+    "arguments (the members only with use_local_synchronization=True or shrink_group)"
+)
+
+
+def _split(comm: Any, color: int, key: int, timeout: timedelta, what: str) -> Any:
+    """``comm.Split(color, key)`` after a polled barrier: a rank that never comes raises, never hangs."""
+    return guarded(lambda: comm.Split(color, key), comm, timeout.total_seconds(), what, GROUP_HINT)
+
+
+def _create_group(comm: Any, members: list[int], timeout: timedelta, what: str) -> Any:
+    """``MPI_Comm_create_group`` of ``members`` (ranks of ``comm``), collective over the members only, bounded."""
+    limit = timeout.total_seconds()
+    timed_members_barrier(comm, members, limit, what, GROUP_HINT)
+    mpi_group = comm.Get_group().Incl(members)
+    try:
+        return watched(lambda: comm.Create_group(mpi_group, tag=_tag_for(members)), limit, what)
+    finally:
+        mpi_group.Free()
 
 
 def _validate_ranks(ranks: Any, world_size: int, argname: str = "ranks") -> list[int]:
@@ -314,17 +376,12 @@ def new_group(
     if use_local_synchronization:
         if me not in members:
             return GroupMember.NON_GROUP_MEMBER
-        mpi_group = world._comm.Get_group().Incl(members)
-        try:
-            comm = world._comm.Create_group(mpi_group, tag=_tag_for(members))
-        finally:
-            mpi_group.Free()
+        comm = _create_group(world._comm, members, tmo, "new_group(use_local_synchronization=True)")
         return _make_pg(comm, members, tmo, backend, group_desc)
-    _timed_barrier(world._comm, tmo.total_seconds(), "new_group")
     from mpi4py import MPI
 
     pos = {g: i for i, g in enumerate(members)}
-    comm = world._comm.Split(0 if me in pos else MPI.UNDEFINED, pos.get(me, 0))
+    comm = _split(world._comm, 0 if me in pos else MPI.UNDEFINED, pos.get(me, 0), tmo, "new_group")
     if me not in pos:
         WORLD.next_name()  # keep group names aligned across ranks
         return GroupMember.NON_GROUP_MEMBER
@@ -349,8 +406,7 @@ def _split_many(
     for i, lst in enumerate(lists):
         if me in lst:
             color, key = i, lst.index(me)
-    _timed_barrier(parent._comm, timeout.total_seconds(), what)
-    comm = parent._comm.Split(color, key)
+    comm = _split(parent._comm, color, key, timeout, what)
     out: list[Any] = []
     mine: Any = None
     for i, lst in enumerate(lists):
@@ -380,12 +436,9 @@ def new_subgroups(
     parent = resolve_group(group, "new_subgroups") if group is not None else default_pg()
     if parent is None:
         raise ValueError("new_subgroups: this rank is not a member of the parent group")
-    if group_size is None:
-        from mpi4py import MPI
-
-        node = parent._comm.Split_type(MPI.COMM_TYPE_SHARED)
-        group_size = node.Get_size()
-        node.Free()
+    tmo = _check_timeout(timeout)
+    if group_size is None:  # the node's size: a collective of its own, bounded like the split
+        group_size = timed_split_shared(parent._comm, tmo.total_seconds(), "new_subgroups", GROUP_HINT)[1]
     if isinstance(group_size, bool) or not isinstance(group_size, int):
         raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
     n = parent.size()
@@ -394,7 +447,7 @@ def new_subgroups(
     if n % group_size != 0:
         raise ValueError(f"group_size={group_size} must divide the parent group's size {n}")
     lists = [parent._ranks[i : i + group_size] for i in range(0, n, group_size)]
-    return _split_many(parent, lists, _check_timeout(timeout), backend, group_desc, "new_subgroups")
+    return _split_many(parent, lists, tmo, backend, group_desc, "new_subgroups")
 
 
 def new_subgroups_by_enumeration(
@@ -476,11 +529,7 @@ def shrink_group(
     if parent.rank() in excluded:
         raise ValueError(f"shrink_group: this rank (group rank {parent.rank()}) is in ranks_to_exclude")
     keep = [r for r in range(parent.size()) if r not in excluded]
-    mpi_group = parent._comm.Get_group().Incl(keep)
-    try:
-        comm = parent._comm.Create_group(mpi_group, tag=_tag_for(keep))
-    finally:
-        mpi_group.Free()
+    comm = _create_group(parent._comm, keep, parent._timeout, "shrink_group")
     return _make_pg(comm, [parent._ranks[r] for r in keep], parent._timeout, None, "shrunk")
 
 

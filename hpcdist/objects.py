@@ -73,49 +73,60 @@ def dumps(obj: Any) -> np.ndarray:
     return out
 
 
-_SAFE = {
-    "builtins": {
-        "list",
-        "dict",
-        "set",
-        "frozenset",
-        "tuple",
-        "bytearray",
-        "bytes",
-        "str",
-        "int",
-        "float",
-        "complex",
-        "bool",
-        "slice",
-        "range",
-        "NoneType",
-        "object",
-    },
-    "collections": {"OrderedDict", "defaultdict", "deque", "Counter"},
-    "datetime": {"datetime", "date", "time", "timedelta", "timezone"},
-    "decimal": {"Decimal"},
-    "fractions": {"Fraction"},
-    "numpy": {"ndarray", "dtype"},
-    "numpy.core.multiarray": {"_reconstruct", "scalar"},
-    "numpy._core.multiarray": {"_reconstruct", "scalar"},
-    "numpy.core.numeric": {"_frombuffer"},
-    "numpy._core.numeric": {"_frombuffer"},
-}
+#: The exact (module, name) pairs the restricted unpickler resolves: the classes and functions that pickles of
+#: builtins, collections, datetime, decimal, fractions and NumPy arrays, scalars and dtypes name (NumPy 1.x and
+#: 2.x spell the module differently). Nothing else: no prefix matching, no attribute paths.
+_SAFE: frozenset[tuple[str, str]] = frozenset(
+    [
+        *(
+            ("builtins", n)
+            for n in (
+                [
+                    "list",
+                    "dict",
+                    "set",
+                    "frozenset",
+                    "tuple",
+                    "bytearray",
+                    "bytes",
+                    "str",
+                    "int",
+                    "float",
+                    "complex",
+                    "bool",
+                    "slice",
+                    "range",
+                ]
+            )
+        ),
+        *(("collections", n) for n in ("OrderedDict", "defaultdict", "deque", "Counter")),
+        *(("datetime", n) for n in ("datetime", "date", "time", "timedelta", "timezone")),
+        ("decimal", "Decimal"),
+        ("fractions", "Fraction"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        *((m, n) for m in ("numpy.core.multiarray", "numpy._core.multiarray") for n in ("_reconstruct", "scalar")),
+        *((m, "_frombuffer") for m in ("numpy.core.numeric", "numpy._core.numeric")),
+    ]
+)
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
+    """Resolves only the exact pairs of :data:`_SAFE`.
+
+    Protocol 4 lets a pickle name an attribute *path* (``"a.b.c"``), which
+    the default ``find_class`` walks; a dotted or dunder name is refused
+    before any lookup, so no path can reach ``__builtins__``, ``__globals__``
+    or a module's other attributes.
+    """
+
     def find_class(self, module: str, name: str) -> Any:
-        allowed = _SAFE.get(module)
-        if (
-            (allowed is not None and name in allowed)
-            or (module == "numpy" and name.endswith("DType"))
-            or module.startswith("numpy.dtypes")
-        ):
+        if "." not in name and not name.startswith("__") and (module, name) in _SAFE:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(
             f"HPCDIST_OBJECT_UNPICKLER=restricted refuses to unpickle {module}.{name}; send plain data "
-            "or set HPCDIST_OBJECT_UNPICKLER=full between trusted ranks"
+            "(builtins, collections, datetime, decimal, fractions, NumPy arrays) or set "
+            "HPCDIST_OBJECT_UNPICKLER=full between trusted ranks"
         )
 
 

@@ -25,7 +25,14 @@ __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
 _TAG_UB: list[int] = []
 _TAG_MAX: list[int] = []  # the largest user tag, once known
 #: tags above the user's range, for hpcdist's own point-to-point traffic
-_INTERNAL = {"objects": 1, "monitored_barrier": 2, "monitored_release": 3, "object_gather": 4, "object_scatter": 5}
+_INTERNAL = {
+    "objects": 1,
+    "monitored_barrier": 2,
+    "monitored_release": 3,
+    "object_gather": 4,
+    "object_scatter": 5,
+    "group_sync": 6,
+}
 _RESERVED = 16
 
 

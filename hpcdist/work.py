@@ -12,14 +12,17 @@ sleeps (oversubscribed nodes), until the deadline, after which
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+from ._exit import poison
 from .errors import DistBackendError, DistError, DistTimeoutError
 
-__all__ = ["Future", "Work", "completed_work", "timeout_error", "wait_requests"]
+__all__ = ["Future", "ProbedRecv", "Work", "completed_work", "test_all", "timeout_error", "wait_requests"]
 
 _monotonic = time.monotonic
 _sleep = time.sleep
@@ -43,13 +46,10 @@ def wait_requests(reqs: Sequence[Any], timeout_s: float, status: Any = None) -> 
                 return bool(req.Test(status))
 
     else:
-        from mpi4py import MPI
-
-        testall = MPI.Request.Testall
         lst = list(reqs)
 
         def test() -> bool:
-            return bool(testall(lst))
+            return test_all(lst)
 
     if test():
         return True
@@ -74,9 +74,62 @@ def wait_requests(reqs: Sequence[Any], timeout_s: float, status: Any = None) -> 
                     _sleep(0.001)
 
 
-def timeout_error(name: Any, limit: float) -> DistTimeoutError:
-    """The error of an operation (``name``: a str or ``(opname, group)``) that outlived ``limit`` s."""
+def test_all(reqs: list[Any]) -> bool:
+    """``MPI_Testall`` of ``reqs``; request-like objects of hpcdist's own (:class:`ProbedRecv`) tested one by one."""
+    from mpi4py import MPI
+
+    try:
+        return bool(MPI.Request.Testall(reqs))
+    except TypeError:  # a ProbedRecv among them
+        return all([r.Test() for r in reqs])
+
+
+class ProbedRecv:
+    """A receive from any source as ``MPI_Improbe(ANY_SOURCE)`` polled, then ``MPI_Imrecv`` of the matched message.
+
+    MPICH 4.3 can lose an ``MPI_Irecv(ANY_SOURCE)`` on a communicator built
+    by ``MPI_Comm_connect``/``accept`` and merged (the launcher-free worlds of
+    :mod:`hpcdist.rendezvous.ports`): the receive never completes. Probing and
+    then receiving the matched message does not lose it. Has the
+    ``Test``/``Cancel``/``Wait`` of an ``MPI.Request``; ``status`` is filled
+    with the sender when the message is matched.
+    """
+
+    __slots__ = ("_comm", "_req", "_spec", "_tag", "status")
+
+    def __init__(self, comm: Any, spec: Any, tag: int, status: Any) -> None:
+        self._comm, self._spec, self._tag, self.status = comm, spec, tag, status
+        self._req: Any = None
+
+    def Test(self, status: Any = None) -> bool:
+        if self._req is None:
+            from mpi4py import MPI
+
+            msg = self._comm.Improbe(MPI.ANY_SOURCE, self._tag, self.status)
+            if msg is None:
+                return False
+            self._req = msg.Irecv(self._spec)
+        return bool(self._req.Test())
+
+    def Cancel(self) -> None:
+        if self._req is not None:  # nothing is matched before the probe succeeds: nothing to cancel
+            self._req.Cancel()
+
+    def Wait(self) -> None:
+        if self._req is not None:
+            self._req.Wait()
+
+
+def timeout_error(name: Any, limit: float, cancelled: bool = False) -> DistTimeoutError:
+    """The error of an operation (``name``: a str or ``(opname, group)``) that outlived ``limit`` s.
+
+    Unless the operation was ``cancelled`` (a receive), it is still in flight:
+    the process is poisoned (:mod:`hpcdist._exit`), so exiting ends the job
+    promptly instead of waiting in ``MPI_Finalize``.
+    """
     desc = name if isinstance(name, str) else f"{name[0]} on {name[1]!r}"
+    if not cancelled:
+        poison(f"{desc} timed out after {limit:g}s")
     err = DistTimeoutError(
         f"{desc} did not complete within {limit:g}s: a peer may have died, be stuck, or have called a different "
         "operation (every rank of the group must make the same calls in the same order); raise the timeout with "
@@ -135,6 +188,10 @@ class Work:
         self._on_timeout = on_timeout
         self._status: Any = None  # an MPI.Status for receives (source_rank)
 
+    def __del__(self) -> None:
+        if not self._done and self._reqs and self._exc is None:
+            _orphan(self._reqs, self._post, self._keep, self._timeout_s)
+
     def _finish(self) -> None:
         self._done = True
         post = self._post
@@ -168,7 +225,7 @@ class Work:
         if self._reqs and not wait_requests(self._reqs, limit, self._status):
             if self._on_timeout is not None:
                 self._on_timeout()
-            exc = timeout_error(self._name, limit)
+            exc = timeout_error(self._name, limit, cancelled=self._on_timeout is not None)
             self._exc = exc
             if self._future is not None:
                 self._future._set(None, exc)
@@ -187,13 +244,8 @@ class Work:
         """Non-blocking: has the operation completed (successfully or not)?"""
         if self._done or self._exc is not None:
             return True
-        from mpi4py import MPI
-
         reqs = self._reqs
-        if self._status is not None and reqs:
-            ready = reqs[0].Test(self._status)
-        else:
-            ready = not reqs or MPI.Request.Testall(list(reqs))
+        ready = reqs[0].Test(self._status) if self._status is not None and reqs else not reqs or test_all(list(reqs))
         if ready:
             try:
                 self._finish()
@@ -217,6 +269,10 @@ class Work:
             raise DistBackendError("source_rank() is only defined for completed receives")
         return self._source
 
+    def _source_rank(self) -> int:
+        """torch's private spelling of :meth:`source_rank` (torch's own code calls it)."""
+        return self.source_rank()
+
     def result(self) -> list[Any]:
         """The output arrays of the operation (waits first)."""
         self.wait()
@@ -233,6 +289,58 @@ class Work:
     def __repr__(self) -> str:
         state = "completed" if self._done else "pending"
         return f"<hpcdist.Work {self._name} {state}>"
+
+
+# ---------------------------------------------------------------- dropped handles
+
+#: Operations whose Work was dropped before completing: (requests, finishing step, buffers, timeout), oldest first.
+_ORPHANS: deque[tuple[Sequence[Any], Callable[[], Any] | None, Any, float]] = deque()
+_ORPHAN_LOCK = threading.Lock()
+_MAX_ORPHANS = 1024  # beyond this many dropped operations in flight, the oldest are waited for (back-pressure)
+
+
+def _orphan(reqs: Sequence[Any], post: Callable[[], Any] | None, keep: Any, timeout_s: float) -> None:
+    """Adopt the requests of a dropped Work: they complete (and are released) in the background.
+
+    Letting mpi4py free an active request leaks it in MPICH until it
+    completes, is erroneous for a non-blocking collective, and frees buffers
+    MPI may still write. hpcdist keeps them, finishes them (copy-back, AVG
+    scaling) as they complete -- tested oldest first whenever another Work is
+    dropped -- and waits for the oldest when more than ``_MAX_ORPHANS`` are in
+    flight, so a loop of fire-and-forget ``isend``s runs in bounded memory.
+    """
+    if not _ORPHAN_LOCK.acquire(False):  # a collection inside reaping, in this thread: keep it for the next time
+        _ORPHANS.append((reqs, post, keep, timeout_s))
+        return
+    try:
+        _ORPHANS.append((reqs, post, keep, timeout_s))
+        _reap()
+    finally:
+        _ORPHAN_LOCK.release()
+
+
+def _reap() -> None:
+    from mpi4py import MPI
+
+    if MPI.Is_finalized():
+        _ORPHANS.clear()
+        return
+    while _ORPHANS:
+        reqs, post, _keep, timeout_s = _ORPHANS[0]
+        done = test_all(list(reqs))
+        if not done and (len(_ORPHANS) <= _MAX_ORPHANS or not wait_requests(reqs, timeout_s)):
+            return  # the oldest is still in flight (and within the bound, or its peer is gone)
+        _ORPHANS.popleft()
+        if post is not None:
+            try:
+                post()
+            except Exception:  # nobody is left to receive the error of a dropped operation
+                pass
+
+
+def pending_orphans() -> int:
+    """How many dropped operations are still in flight (for tests and ``hpcdist info``)."""
+    return len(_ORPHANS)
 
 
 def _as_list(res: Any) -> list[Any]:

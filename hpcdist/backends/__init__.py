@@ -44,8 +44,10 @@ class Backend(str):
     backend_capability: dict[str, list[str]] = {"mpi": ["cpu", "cuda"], "gloo": ["cpu", "cuda"], "nccl": ["cuda"]}
 
     def __new__(cls, name: str) -> Backend:
-        if not isinstance(name, str):
-            raise TypeError(f"backend must be a string such as 'mpi', 'gloo' or 'nccl', got {type(name).__name__}")
+        if not isinstance(name, str):  # ValueError, as torch's Backend
+            raise ValueError(
+                f"backend must be a string such as 'mpi', 'gloo' or 'nccl', got {type(name).__name__} ({name!r})"
+            )
         value = name.lower()
         if value != "undefined" and value not in _known():
             raise ValueError(

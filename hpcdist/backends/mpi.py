@@ -24,7 +24,7 @@ from ..buffers.packing import pack as _pack
 from ..buffers.packing import unpack as _unpack
 from ..buffers.reduction import finish_reduce, premultiply, prepare, widen
 from ..ops import ResolvedOp
-from ..work import Work, timeout_error, wait_requests
+from ..work import ProbedRecv, Work, timeout_error, wait_requests
 from . import register_builtin
 
 __all__ = ["MPIEngine"]
@@ -33,6 +33,7 @@ __all__ = ["MPIEngine"]
 from mpi4py import MPI
 
 _IN_PLACE = MPI.IN_PLACE
+_ANY_SOURCE = MPI.ANY_SOURCE
 _OPS: dict[str, Any] = {}
 
 
@@ -75,16 +76,22 @@ class MPIEngine:
         pg = self.pg
         if not sync:
             return Work([nb(*args)], post, keep, pg._timeout_s, (name, pg), result)
-        if self.block:
-            WATCHDOG.arm(pg._timeout_s, (name, pg))
-            try:
-                blk(*args)
-            finally:
-                WATCHDOG.disarm()
-        else:  # poll inline: no Work object on the blocking path
-            req = nb(*args)
-            if not req.Test() and not wait_requests([req], pg._timeout_s):
-                raise timeout_error((name, pg), pg._timeout_s)
+        lock = pg._call_lock
+        if not lock.acquire(False):
+            raise pg.busy_error(name)
+        try:
+            if self.block:
+                WATCHDOG.arm(pg._timeout_s, (name, pg))
+                try:
+                    blk(*args)
+                finally:
+                    WATCHDOG.disarm()
+            else:  # poll inline: no Work object on the blocking path
+                req = nb(*args)
+                if not req.Test() and not wait_requests([req], pg._timeout_s):
+                    raise timeout_error((name, pg), pg._timeout_s)
+        finally:
+            lock.release()
         if post is not None:
             post()
         return None
@@ -106,11 +113,15 @@ class MPIEngine:
             args = (_IN_PLACE, [arr, mpi_datatype(arr.dtype)], _OPS.get(rop.mpi_name) or _mpi_op(rop.mpi_name))
             if sync and self.block:  # the hot path, inlined
                 pg = self.pg
+                lock = pg._call_lock
+                if not lock.acquire(False):
+                    raise pg.busy_error("all_reduce")
                 WATCHDOG.arm(pg._timeout_s, ("all_reduce", pg))
                 try:
                     c.Allreduce(*args)
                 finally:
-                    WATCHDOG.deadline = 0.0
+                    WATCHDOG.disarm()
+                    lock.release()
                 return None
             return self._run(sync, c.Iallreduce, c.Allreduce, args, None, buf, "all_reduce", buf.obj)
         work = prepare(buf, rop, copy=False)
@@ -266,10 +277,16 @@ class MPIEngine:
             if not wait_requests([req], pg._timeout_s):
                 raise timeout_error(("send", pg), pg._timeout_s)
 
+    def _irecv(self, spec: list[Any], src: int, tag: int, status: Any) -> Any:
+        """``MPI_Irecv``, or from any source on a launcher-free world a :class:`ProbedRecv` (an MPICH workaround)."""
+        if src == _ANY_SOURCE and self.pg._probe_any:
+            return ProbedRecv(self.comm, spec, tag, status)
+        return self.comm.Irecv(spec, src, tag)
+
     def recv_now(self, buf: Buf, src: int, tag: int) -> int:
         """Blocking receive polled inline; returns the sender's global rank. On timeout it is cancelled."""
         status = MPI.Status()
-        req = self.comm.Irecv([buf.arr, mpi_datatype(buf.arr.dtype)], src, tag)
+        req = self._irecv([buf.arr, mpi_datatype(buf.arr.dtype)], src, tag, status)
         if not req.Test(status):
             pg = self.pg
             if not wait_requests([req], pg._timeout_s, status):
@@ -278,7 +295,7 @@ class MPIEngine:
                     req.Wait()
                 except Exception:
                     pass
-                raise timeout_error(("recv", pg), pg._timeout_s)
+                raise timeout_error(("recv", pg), pg._timeout_s, cancelled=True)
         if buf.writeback is not None:
             buf.writeback()
         return self.pg._ranks[status.Get_source()]
@@ -286,7 +303,7 @@ class MPIEngine:
     def recv(self, buf: Buf, src: int, tag: int) -> Work:
         """Receive into ``buf`` from group rank ``src`` (``MPI.ANY_SOURCE`` allowed)."""
         status = MPI.Status()
-        req = self.comm.Irecv(_msg(buf.arr), src, tag)
+        req = self._irecv(_msg(buf.arr), src, tag, status)
         pg = self.pg
         work: Work
 

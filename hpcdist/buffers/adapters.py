@@ -189,6 +189,12 @@ def _torch(obj: Any, argname: str, write: bool) -> Buf:
     t = obj.detach()
     if t.is_sparse or t.layout is not torch.strided:
         raise TypeError(f"{argname} is a {t.layout} tensor; only dense (strided) tensors can be communicated")
+    if t.is_conj() or t.is_neg():  # lazy views whose memory does not hold their values (torch refuses .numpy())
+        kind, bit = ("conjugate", "conj") if t.is_conj() else ("negative", "neg")
+        raise TypeError(
+            f"{argname} is a lazy {kind} view (tensor.is_{bit}() is True): its memory does not hold its values; "
+            f"pass tensor.resolve_{bit}() (a copy holding them)"
+        )
     contiguous = t.is_contiguous()
     base = t if contiguous else t.contiguous()
     if t.dtype is torch.bfloat16:

@@ -70,12 +70,20 @@ def narrow_into(dst: Any, wide: Any, dtype: str) -> None:
 
 
 def scale_average(arr: Any, n: int) -> None:
-    """AVG after the SUM: divide in place (integers truncate toward zero)."""
-    if arr.dtype.kind in "fc":
+    """AVG after the SUM: divide in place; integers exactly, truncating toward zero (as NCCL's ``ncclAvg``).
+
+    Integer division of the exact sum, never through float64 (which rounds
+    int64 values above 2**53).
+    """
+    kind = arr.dtype.kind
+    if kind in "fc":
         arr /= n
-    else:
-        xp = array_module(arr)
-        xp.copyto(arr, xp.trunc(arr / n), casting="unsafe")
+        return
+    xp = array_module(arr)
+    quotient = xp.floor_divide(arr, n)
+    if kind == "i":  # floor -> toward zero: one up where a negative sum left a remainder
+        quotient += ((arr - quotient * n) != 0) & (arr < 0)
+    xp.copyto(arr, quotient, casting="unsafe")
 
 
 def premultiply(arr: Any, factor: Any) -> None:

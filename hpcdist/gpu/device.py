@@ -144,15 +144,25 @@ def current_device() -> int:
     return int(cupy.cuda.runtime.getDevice())
 
 
+_WORLD_LOCAL: list[int] = []  # node-local rank in COMM_WORLD, found once (a collective: every rank finds it once)
+
+
 def _local_rank() -> int:
-    from .._queries import get_node_local_rank, node_local_rank
+    from .._queries import get_node_local_rank
 
     try:
         return get_node_local_rank()
     except RuntimeError:
-        from mpi4py import MPI
+        if not _WORLD_LOCAL:
+            from mpi4py import MPI
 
-        return node_local_rank(MPI.COMM_WORLD)
+            from .._timed import timed_split_shared
+            from ..config import default_timeout
+
+            hint = "choosing a GPU before init_process_group is collective over COMM_WORLD: every rank must do it"
+            limit = default_timeout().total_seconds()
+            _WORLD_LOCAL.append(timed_split_shared(MPI.COMM_WORLD, limit, "device_for_local_rank", hint)[0])
+        return _WORLD_LOCAL[0]
 
 
 def device_for_local_rank(local_rank: int | None = None) -> int:

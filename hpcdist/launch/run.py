@@ -244,6 +244,10 @@ def _failures(status_dir: str) -> list[dict]:
     return sorted(out, key=lambda d: d.get("rank", 0))
 
 
+#: Signals that end the job: forwarded to the launcher as SIGTERM (torchrun handles the same set).
+_FORWARDED = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
+
+
 def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
     """SIGTERM the launcher (it forwards to the ranks), SIGKILL after ``grace`` seconds."""
     if proc.poll() is not None:
@@ -289,14 +293,27 @@ def execute(opts: RunOptions, env: Mapping[str, str] | None = None) -> int:
             proc = subprocess.Popen(cmd, env=child_env)
         except OSError as exc:
             raise LaunchError(f"cannot start launcher {cmd[0]!r}: {exc.strerror or exc}") from None
-        previous = signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+        got: list[int] = []
+
+        def forward(signum: int, _frame: object) -> None:  # as torchrun: end the job, report the signal
+            got.append(signum)
+            if proc.poll() is None:
+                proc.terminate()  # the launcher forwards SIGTERM to the ranks
+
+        previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
         try:
             rc, note = _supervise(proc, status_dir, opts.timeout)
         except KeyboardInterrupt:
             _stop(proc)
             return 130
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if got:
+            _stop(proc)
+            name = signal.Signals(got[0]).name
+            print(f"hpcdist run: received {name}; ended the job", file=sys.stderr)
+            return 128 + got[0]
         if rc < 0:
             rc = 128 - rc
         for fail in _failures(status_dir):

@@ -16,6 +16,7 @@ import socket
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from hpcdist._timed import INIT_HINT, timed_bcast_json, timed_split_shared
 from hpcdist.errors import DistStoreError
 
 if TYPE_CHECKING:
@@ -28,15 +29,10 @@ __all__ = ["all_on_one_node", "group_store", "host_address"]
 LOOPBACK = "127.0.0.1"
 
 
-def all_on_one_node(comm: MPI.Intracomm) -> bool:
-    """True when every rank of ``comm`` shares one node (collective over ``comm``)."""
-    from mpi4py import MPI
-
-    shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    try:
-        return bool(shared.Get_size() == comm.Get_size())
-    finally:
-        shared.Free()
+def all_on_one_node(comm: MPI.Intracomm, timeout: timedelta) -> bool:
+    """True when every rank of ``comm`` shares one node (collective over ``comm``, bounded by ``timeout``)."""
+    _, local_size = timed_split_shared(comm, timeout.total_seconds(), "init_process_group (group store)", INIT_HINT)
+    return local_size == comm.Get_size()
 
 
 def host_address() -> str:
@@ -72,14 +68,14 @@ def group_store(comm: MPI.Intracomm, timeout: timedelta) -> Store:
     """A TCP store shared by the ranks of ``comm``.
 
     SPMD: collective over ``comm``; every rank must call it (a rank that does
-    not leaves the others blocked in the broadcast). Rank 0 serves the store
+    not makes the others raise DistTimeoutError after ``timeout``). Rank 0 serves the store
     for as long as its store object lives. Raises DistStoreError on every
     rank when rank 0 could not start the server.
     """
     from hpcdist.store import TCPStore
 
     rank, size = comm.Get_rank(), comm.Get_size()
-    local = all_on_one_node(comm)
+    local = all_on_one_node(comm, timeout)
     server: Store | None = None
     if rank == 0:
         try:
@@ -91,7 +87,8 @@ def group_store(comm: MPI.Intracomm, timeout: timedelta) -> Store:
             payload = ("error", f"{type(exc).__name__}: {exc}", 0, "")
     else:
         payload = ("", "", 0, "")
-    status, host, port, secret = comm.bcast(payload, root=0)
+    what = "init_process_group (group store)"
+    status, host, port, secret = timed_bcast_json(comm, payload, 0, timeout.total_seconds(), what, INIT_HINT)
     if status != "ok":
         raise DistStoreError(f"group store: rank 0 could not start the TCP store server: {host}")
     if server is not None:

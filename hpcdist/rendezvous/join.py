@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+from hpcdist._timed import INIT_HINT, timed_allgather_json
 from hpcdist.errors import DistBackendError
 from hpcdist.rendezvous.detect import detect_launcher, launcher_rank_size
 from hpcdist.rendezvous.fields import check_rank_world, env_int, parse_int, query_to_dict
@@ -151,7 +152,9 @@ def _join_launched(
 
     comm = MPI.COMM_WORLD
     mine = _contradictions(init_method, rank, world_size, comm)
-    everyone = comm.allgather(mine) if comm.Get_size() > 1 else [mine]
+    everyone = [mine]
+    if comm.Get_size() > 1:  # the first step that waits for the others: bounded by the timeout
+        everyone = timed_allgather_json(comm, mine, timeout.total_seconds(), "init_process_group", INIT_HINT)
     if mine is not None:
         raise ValueError(mine)
     first = next(((r, m) for r, m in enumerate(everyone) if m is not None), None)

@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
     from hpcdist.store import Store
 
-__all__ = ["broken_mpi_reason", "check_mpi_supports_ports", "join_over_ports"]
+__all__ = ["broken_mpi_reason", "check_mpi_supports_ports", "connect_failure", "join_over_ports"]
 
 _KEY_ROOT = "hpcdist/join"
 #: how long giving up a rank claim may take when the store went away
@@ -87,6 +87,23 @@ def broken_mpi_reason(library_version: str) -> str | None:
             f"MPI_Intercomm_create must not overlap'); {_FIX}"
         )
     return None
+
+
+#: What to try when the MPI's transport cannot reach a peer (seen: the embedded MPICH's UCX between network
+#: namespaces, "Invalid port"): the TCP transports of its two network modules.
+_TRANSPORT_FIX = (
+    "the MPI's network transport could not reach the peer (the embedded MPICH uses UCX by default, which can "
+    "fail between hosts, containers or network namespaces). Try its TCP transports: UCX_TLS=tcp,self, or "
+    "MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp (set on every process); check that the hosts can reach each other "
+    "on the ports MPI picks (firewalls), or start the processes with an MPI launcher (mpiexec -n N / srun)"
+)
+
+
+def connect_failure(rank: int, error_string: str, library_version: str) -> str:
+    """The error text of a failed MPI_Comm_connect/accept: what failed, with what, and what to try."""
+    lib = library_version.strip().splitlines()[0]
+    fix = broken_mpi_reason(library_version) or _TRANSPORT_FIX
+    return f"rendezvous: MPI could not connect rank {rank} to its peers ({error_string.strip()}) with {lib}; {fix}"
 
 
 def check_mpi_supports_ports() -> None:
@@ -250,10 +267,7 @@ def _join(store: Store, rank: int, world_size: int, deadline: Deadline) -> MPI.I
             comm, port = _merge_round(comm, store, prefix, rank, world_size, r, port, deadline)
             r += 1
     except MPI.Exception as exc:
-        raise DistBackendError(
-            f"rendezvous: MPI could not connect rank {rank} to its peers ({exc.Get_error_string().strip()}) "
-            f"with {MPI.Get_library_version().strip().splitlines()[0]}; {_FIX}"
-        ) from exc
+        raise DistBackendError(connect_failure(rank, exc.Get_error_string(), MPI.Get_library_version())) from exc
     finally:
         if port is not None:
             MPI.Close_port(port)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import os
 import socket
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from hpcdist._timed import INIT_HINT, timed_bcast_json, timed_split_shared
+from hpcdist.config import default_timeout
 from hpcdist.rendezvous.group_store import host_address
 
 if TYPE_CHECKING:
@@ -46,10 +49,13 @@ def _master(store: Store | None, single_node: bool) -> tuple[str, str]:
     return addr, port
 
 
-def export_torchrun_env(comm: MPI.Intracomm, rank: int, world_size: int, *, store: Store | None = None) -> None:
+def export_torchrun_env(
+    comm: MPI.Intracomm, rank: int, world_size: int, *, store: Store | None = None, timeout: timedelta | None = None
+) -> None:
     """Set torchrun's variables in ``os.environ`` from the joined world.
 
-    SPMD: collective over ``comm`` (a node-local split and one broadcast).
+    SPMD: collective over ``comm`` (a node-local split and one broadcast),
+    bounded by ``timeout`` (default: ``HPCDIST_TIMEOUT``).
     ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` are set to the
     truth (rewritten only when they differ). ``MASTER_ADDR``/``MASTER_PORT``
     are rank 0's: its values when it has them set, else the host of the TCP
@@ -57,16 +63,12 @@ def export_torchrun_env(comm: MPI.Intracomm, rank: int, world_size: int, *, stor
     a port that was free on rank 0 (never the store's own port); every rank
     gets the same pair.
     """
-    from mpi4py import MPI
-
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-    try:
-        local_rank, local_size = local.Get_rank(), local.Get_size()
-    finally:
-        local.Free()
+    limit = (timeout or default_timeout()).total_seconds()
+    what = "init_process_group (torchrun environment)"
+    local_rank, local_size = timed_split_shared(comm, limit, what, INIT_HINT)
     single_node = local_size == world_size
     master = _master(store, single_node) if comm.Get_rank() == 0 else None
-    addr, port = comm.bcast(master, root=0)
+    addr, port = timed_bcast_json(comm, master, 0, limit, what, INIT_HINT)
     values = {
         "RANK": str(rank),
         "WORLD_SIZE": str(world_size),

@@ -300,12 +300,12 @@ def test_coalesced(group, members, kind):
     if members:
         for k, x in enumerate(xs):
             check(x, sum(values(r, k + 1, "float64", salt=k) for r in members), "float64")
-        outs = [[empty(kind, (k + 1,), "float64") for _ in members] for k in range(2)]
+        outs = [[empty(kind, (k + 1,), "float64") for k in range(2)] for _ in members]  # torch: [rank][input]
         ins = [make(kind, values(me(), k + 1, "float64", salt=k), "float64") for k in range(2)]
         dist.all_gather_coalesced(outs, ins, group=group)
-        for k in range(2):
-            for r, o in zip(members, outs[k]):
-                check(o, values(r, k + 1, "float64", salt=k), "float64")
+        for r, outl in zip(members, outs):
+            for k in range(2):
+                check(outl[k], values(r, k + 1, "float64", salt=k), "float64")
 
 
 @pytest.mark.parametrize("kind", KINDS)

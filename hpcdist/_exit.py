@@ -1,0 +1,49 @@
+"""How a process ends after a timeout left an MPI operation in flight.
+
+``MPI_Finalize`` synchronizes with every process of the job (the embedded
+MPICH waits in a PMI barrier), so a process that caught a
+:class:`~hpcdist.errors.DistTimeoutError` of a collective and exits would sit
+in it until the stuck peer arrives -- forever, if it never does. A timeout
+that leaves an operation in flight (every collective, a send, a step of
+init; not a receive, which is cancelled) *poisons* the process: at exit,
+after every ``atexit`` handler ran, mpi4py ends the job with
+``MPI_Abort(COMM_WORLD, 124)`` instead of finalizing (its documented
+``mpi4py.run`` mechanism). Under a launcher that ends every rank at once;
+in a launcher-free world it ends this process.
+"""
+
+from __future__ import annotations
+
+import atexit
+
+__all__ = ["POISON_EXIT_STATUS", "is_poisoned", "poison"]
+
+#: The exit status of a job ended at exit because a timeout left an MPI operation in flight (as ``timeout(1)``
+#: and the block-mode watchdog).
+POISON_EXIT_STATUS = 124
+
+_POISONED: list[str] = []
+
+
+def poison(reason: str) -> None:
+    """Record that an MPI operation timed out and is still in flight; at exit, abort instead of finalizing."""
+    if not _POISONED:
+        _POISONED.append(reason)
+        from mpi4py import MPI
+
+        setter = getattr(MPI, "_set_abort_status", None)
+        if setter is not None:
+            setter(POISON_EXIT_STATUS)
+        else:  # pragma: no cover - older mpi4py: abort from an atexit handler of our own
+            atexit.register(_abort_at_exit)
+
+
+def is_poisoned() -> bool:
+    """Whether a timeout left an MPI operation in flight in this process."""
+    return bool(_POISONED)
+
+
+def _abort_at_exit() -> None:  # pragma: no cover - older mpi4py only
+    from ._watchdog import abort_job
+
+    abort_job(f"hpcdist: {_POISONED[0]}; ending the job with MPI_Abort instead of waiting in MPI_Finalize\n", 124)

@@ -1,0 +1,134 @@
+"""Fail fast when a peer of a launcher-free world dies.
+
+Under ``mpiexec``/``srun`` the launcher ends the job when a rank dies. A
+world joined over MPI ports (``env://``, ``tcp://``, ``file://``,
+``store=``) has no launcher: without help, the survivors would wait in their
+next collective for the full timeout. torch's gloo notices the closed
+connection within about a second; hpcdist does the same with one plain TCP
+connection per rank to rank 0, set up at init through the rendezvous store:
+
+* a rank that leaves properly (``destroy_process_group``, or a normal
+  interpreter exit) first sends a goodbye byte;
+* a connection that closes without one belongs to a rank that was killed or
+  crashed: rank 0 tells every other rank which one, and each process prints
+  ``hpcdist: rank K ... died`` and ends itself (``MPI_Abort``), as a launcher
+  would end the job. When rank 0 itself dies, the others see their
+  connection close and end likewise, naming rank 0.
+
+Nothing is sent while everyone is alive; the cost is one idle socket per
+rank and one daemon thread per process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import selectors
+import socket
+import struct
+import threading
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["Liveness"]
+
+_BYE = b"B"  # the sender leaves properly
+_DEAD = b"D"  # rank 0 -> others: followed by the dead rank (4 bytes)
+_HELLO = struct.Struct("!i")
+
+
+class Liveness:
+    """This process's side of the liveness connections (see module docstring)."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta, host: str) -> None:
+        self.rank, self.size = rank, size
+        self._leaving = False
+        self._lock = threading.Lock()
+        self._peers: dict[socket.socket, int] = {}
+        epoch = store.add(f"hpcdist/liveness/epoch/{rank}", 1)  # the n-th init of every rank meets the n-th key
+        key = f"hpcdist/liveness/{epoch}"
+        limit = timeout.total_seconds()
+        if rank == 0:
+            server = socket.create_server((host, 0))
+            server.settimeout(limit)
+            store.set(key, f"{host}:{server.getsockname()[1]}")
+            try:
+                for _ in range(size - 1):
+                    conn, _addr = server.accept()
+                    conn.settimeout(limit)
+                    (peer,) = _HELLO.unpack(_recv_exactly(conn, _HELLO.size))
+                    conn.settimeout(None)
+                    self._peers[conn] = peer
+            finally:
+                server.close()
+        else:
+            store.wait([key], timeout)
+            addr, port = store.get(key).decode().rsplit(":", 1)
+            conn = socket.create_connection((addr, int(port)), timeout=limit)
+            conn.sendall(_HELLO.pack(rank))
+            conn.settimeout(None)
+            self._peers[conn] = 0
+        atexit.register(self.leave)
+        threading.Thread(target=self._watch, name="hpcdist-liveness", daemon=True).start()
+
+    def leave(self) -> None:
+        """Say goodbye on every connection and close them (destroy_process_group, interpreter exit)."""
+        with self._lock:
+            if self._leaving:
+                return
+            self._leaving = True
+            for conn in list(self._peers):
+                try:
+                    conn.sendall(_BYE)
+                    conn.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+        atexit.unregister(self.leave)
+
+    def _watch(self) -> None:
+        sel = selectors.DefaultSelector()
+        for sock in self._peers:
+            sel.register(sock, selectors.EVENT_READ)
+        while self._peers:
+            for key, _ in sel.select():
+                conn: Any = key.fileobj
+                peer = self._peers[conn]
+                try:
+                    data = conn.recv(1)
+                except OSError:
+                    data = b""
+                if data == _DEAD:
+                    dead = _HELLO.unpack(_recv_exactly(conn, _HELLO.size))[0]
+                    self._died(dead, f"rank 0 reports that rank {dead} closed its connection without leaving")
+                elif data == _BYE or self._leaving:
+                    sel.unregister(conn)
+                    del self._peers[conn]
+                    conn.close()
+                else:  # EOF without a goodbye: killed or crashed
+                    self._died(peer, f"its connection to rank {self.rank} closed without a goodbye")
+
+    def _died(self, dead: int, how: str) -> None:
+        if self._leaving:
+            return
+        if self.rank == 0:
+            for conn in list(self._peers):
+                try:
+                    conn.sendall(_DEAD + _HELLO.pack(dead))
+                except OSError:
+                    pass
+        from hpcdist._watchdog import abort_job
+
+        abort_job(
+            f"hpcdist: rank {dead} of this launcher-free world of {self.size} died ({how}: killed, crashed or "
+            f"ended by os._exit); ending rank {self.rank} too, as a launcher would end the job\n",
+            1,
+        )
+
+
+def _recv_exactly(conn: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = conn.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("liveness: the peer closed the connection during the handshake")
+        out += chunk
+    return out
