@@ -71,7 +71,7 @@ def resolve_layout(layout: str, pg: ProcessGroup) -> str:
 
 
 def _fail(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    return str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
 
 
 def _raise_first(outcomes: list[Any], what: str) -> None:
@@ -85,28 +85,15 @@ def _raise_first(outcomes: list[Any], what: str) -> None:
     raise CheckpointError(f"{what} failed {text}")
 
 
-def agree(
-    pg: ProcessGroup, leaves_or_exc: Any, final: Path, layout: str, overwrite: bool, copy: bool
-) -> tuple[Plan, list]:
-    """Summaries to rank 0, plans back; returns (this rank's plan, its host leaves). Collective."""
+def agree(pg: ProcessGroup, host: list, final: Path, layout: str, overwrite: bool) -> Plan:
+    """Summaries to rank 0, plans back; returns this rank's plan. Collective."""
     rank, size = pg.rank(), pg.size()
-    host: list = []
-    summary: Any
-    if isinstance(leaves_or_exc, BaseException):
-        summary = _fail(leaves_or_exc)
-    else:
-        try:
-            host = _write.prepare(leaves_or_exc, copy, rank == 0)
-            summary = [h.entry for h in host]
-        except Exception as exc:
-            summary = _fail(exc)
+    summary = [h.entry for h in host]
     gathered: list[Any] = [None] * size if rank == 0 else []
     gather_object(summary, gathered if rank == 0 else None, group=pg, group_dst=0)
     plans: list[Any] = [None] * size
     if rank == 0:
         try:
-            errors = [s if isinstance(s, str) else None for s in gathered]
-            _raise_first(errors, f"save to {str(final)!r}")
             if final.exists() and not overwrite:
                 raise CheckpointError(
                     f"{str(final)!r} exists already; pass overwrite=True to replace it, or save under a new name"
@@ -120,7 +107,12 @@ def agree(
     scatter_object_list(mine, plans if rank == 0 else None, group=pg, group_src=0)
     if isinstance(mine[0], str):
         raise CheckpointError(mine[0] if "failed on group rank" in mine[0] else f"save to {str(final)!r}: {mine[0]}")
-    return mine[0], host
+    return mine[0]
+
+
+def prepare(pg: ProcessGroup, state: Any, copy: bool) -> list:
+    """Flatten and copy to host: argument errors raise here, on this rank, before any message moves."""
+    return _write.prepare(_layout.flatten(state), copy, pg.rank() == 0)
 
 
 def finish_sync(pg: ProcessGroup, plan: Plan, host: list, final: Path, overwrite: bool) -> None:
@@ -176,17 +168,19 @@ def save(
         until then a previous checkpoint is untouched.
 
     Raises:
-        CheckpointError: on every rank, when any rank failed (the message names it).
+        TypeError, ValueError: a key, array dtype or value that cannot be saved;
+            raised on the calling rank before any message moves (a rank that
+            raises leaves the others to time out, as with any collective).
+        CheckpointError: on every rank, when any rank failed later (ranks that
+            disagree on keys or shapes, shards that do not tile the array, an
+            existing ``path``, a write error; the message names the rank).
     """
     pg = group_of(group, "checkpoint.save")
     wait_inflight(pg)
     final = Path(path).absolute()
     kind = resolve_layout(layout, pg)
-    try:
-        leaves: Any = _layout.flatten(state)
-    except Exception as exc:
-        leaves = exc
-    plan, host = agree(pg, leaves, final, kind, overwrite, copy=False)
+    host = prepare(pg, state, copy=False)
+    plan = agree(pg, host, final, kind, overwrite)
     finish_sync(pg, plan, host, final, overwrite)
     return final
 
@@ -253,7 +247,9 @@ def load(
         files.close()
     outcomes: list[Any] = [None] * pg.size()
     all_gather_object(outcomes, error, group=pg)
-    if structure is not None:
+    if isinstance(structure, CheckpointError):
         raise structure  # this rank's own error, its type kept (StructureError, ChecksumError)
+    if structure is not None:
+        raise CheckpointError(f"load from {str(root)!r}: {error}") from structure
     _raise_first(outcomes, f"load from {str(root)!r}")
     return state

@@ -28,7 +28,7 @@ from typing import Any
 
 from . import layout as _layout
 from . import write as _write
-from .api import _INFLIGHT, _INFLIGHT_LOCK, agree, group_of, wait_inflight
+from .api import _INFLIGHT, _INFLIGHT_LOCK, agree, group_of, prepare, wait_inflight
 from .errors import CheckpointError
 from .plan import Plan
 
@@ -197,11 +197,8 @@ def async_save(
     pg = group_of(group, "checkpoint.async_save")
     wait_inflight(pg)
     final = Path(path).absolute()
-    try:
-        leaves: Any = _layout.flatten(state)
-    except Exception as exc:
-        leaves = exc
-    plan, host = agree(pg, leaves, final, "per-rank", overwrite, copy=True)
+    host = prepare(pg, state, copy=True)
+    plan = agree(pg, host, final, "per-rank", overwrite)
     work = SaveWork(final, plan, host, pg.rank(), pg.size(), pg._timeout_s, overwrite)
     with _INFLIGHT_LOCK:
         _INFLIGHT[pg] = work
