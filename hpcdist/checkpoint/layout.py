@@ -109,12 +109,30 @@ def block_rows(sizes: tuple[int, ...], itemsize: int) -> int:
     return max(1, BLOCK_BYTES // max(1, row))
 
 
+_CRC32: list[Any] = []
+
+
+def crc32(data: Any) -> int:
+    """CRC-32 (zlib's polynomial) of a buffer: ISA-L's SIMD version when ``isal`` is installed, else zlib's.
+
+    Both give the same values, so checkpoints do not depend on which one wrote them.
+    """
+    if not _CRC32:
+        try:
+            from isal import isal_zlib
+
+            _CRC32.append(isal_zlib.crc32)
+        except ImportError:
+            _CRC32.append(zlib.crc32)
+    return int(_CRC32[0](data))
+
+
 def checksums(arr: np.ndarray, rows: int) -> list[int]:
     """CRC-32 of each block of ``rows`` rows of C-contiguous ``arr`` (one block for a 0-d array)."""
     if arr.ndim == 0:
-        return [zlib.crc32(arr.tobytes())]
+        return [crc32(arr.tobytes())]
     flat = arr.reshape(arr.shape[0], -1).view(np.uint8) if arr.size else arr.reshape(arr.shape[0], 0)
-    return [zlib.crc32(flat[i : i + rows].data) for i in range(0, arr.shape[0], rows)]
+    return [crc32(flat[i : i + rows].data) for i in range(0, arr.shape[0], rows)]
 
 
 # ------------------------------------------------------------------ files

@@ -12,7 +12,6 @@ an uncovered element is an error, never left as it was.
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import numpy as np
 
 from . import arrays, values
 from .errors import CheckpointError, ChecksumError, StructureError
-from .layout import Leaf
+from .layout import Leaf, crc32
 
 __all__ = ["Files", "check_structure", "read_leaf"]
 
@@ -96,7 +95,7 @@ def check_structure(leaves: list[Leaf], meta: dict[str, Any], strict: bool, path
 
 
 def _verify(block: Any, crc: int, file: str, name: str, index: int) -> None:
-    got = zlib.crc32(block)
+    got = crc32(block)
     if got != crc:
         raise ChecksumError(
             f"checksum mismatch in file {file!r}, key {name!r} (block {index}: stored crc32 {crc:#010x}, read "

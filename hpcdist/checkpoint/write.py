@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,27 +75,40 @@ def _attrs(e: Entry) -> dict[str, Any]:
     return {"hpcdist_dtype": e.dtype, "hpcdist_global_shape": np.asarray(e.shape, dtype=np.int64)}
 
 
-def _piece_record(file: str, h: HostLeaf, at: tuple[int, ...]) -> dict[str, Any]:
+def _crcs(h: HostLeaf) -> list[int]:
+    if h.entry.kind == "object":
+        return checksums(np.ascontiguousarray(h.data).reshape(-1), 1 << 62)
+    return checksums(h.data, block_rows(tuple(h.entry.sizes), h.data.dtype.itemsize))
+
+
+def _piece_record(file: str, h: HostLeaf, at: tuple[int, ...], crcs: list[int]) -> dict[str, Any]:
     e = h.entry
     if e.kind == "object":
-        return {"file": file, "dataset": e.name, "crc32": checksums(np.ascontiguousarray(h.data).reshape(-1), 1 << 62)}
-    rows = block_rows(tuple(e.sizes), h.data.dtype.itemsize)
+        return {"file": file, "dataset": e.name, "crc32": crcs}
     return {
         "file": file,
         "dataset": e.name,
         "offsets": list(e.offsets),
         "sizes": list(e.sizes),
         "at": list(at),
-        "block_rows": rows,
-        "crc32": checksums(h.data, rows),
+        "block_rows": block_rows(tuple(e.sizes), h.data.dtype.itemsize),
+        "crc32": crcs,
     }
 
 
 def write_rank(plan: Plan, mine: list[HostLeaf], rank: int, comm: Any = None) -> list[dict[str, Any]]:
     """Write this rank's datasets; returns their piece records (with checksums)."""
+    by_name = {h.entry.name: h for h in mine}
+    with ThreadPoolExecutor(1, thread_name_prefix="hpcdist-crc") as pool:  # checksums overlap the writes
+        crcs = {name: pool.submit(_crcs, by_name[name]) for name in plan.writes}
+        return _write_files(plan, by_name, rank, comm, crcs)
+
+
+def _write_files(
+    plan: Plan, by_name: dict[str, HostLeaf], rank: int, comm: Any, crcs: dict[str, Any]
+) -> list[dict[str, Any]]:
     import h5py
 
-    by_name = {h.entry.name: h for h in mine}
     tmp = Path(plan.tmp)
     records: list[dict[str, Any]] = []
     if plan.layout == "single-file":
@@ -111,7 +125,7 @@ def write_rank(plan: Plan, mine: list[HostLeaf], rank: int, comm: Any = None) ->
                 at = tuple(h.entry.offsets) if h.entry.kind != "object" else ()
                 if h.data.size:
                     dsets[name].write_direct(h.data, dest_sel=tuple(slice(a, a + s) for a, s in zip(at, h.data.shape)))
-                records.append(_piece_record(DATA_FILE, h, at))
+                records.append(_piece_record(DATA_FILE, h, at, crcs[name].result()))
         return records
     if not plan.writes:
         return records
@@ -125,7 +139,8 @@ def write_rank(plan: Plan, mine: list[HostLeaf], rank: int, comm: Any = None) ->
                 d.attrs[k] = v
             if h.entry.kind != "object":
                 d.attrs["hpcdist_offsets"] = np.asarray(h.entry.offsets, dtype=np.int64)
-            records.append(_piece_record(fname, h, (0,) * h.data.ndim if h.entry.kind != "object" else ()))
+            at = (0,) * h.data.ndim if h.entry.kind != "object" else ()
+            records.append(_piece_record(fname, h, at, crcs[name].result()))
         f.flush()
     fsync_path(path)
     return records
