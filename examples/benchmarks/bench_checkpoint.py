@@ -85,7 +85,7 @@ def setup_dcp(rank: int, size: int):
         import torch
         import torch.distributed as tdist
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+        from torch.distributed.tensor import Shard, init_device_mesh
     except ImportError:
         return None
     port = [None]
@@ -97,7 +97,62 @@ def setup_dcp(rank: int, size: int):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port[0]))
     tdist.init_process_group("gloo", rank=rank, world_size=size)
     mesh = init_device_mesh("cpu", (size,))
-    return torch, dcp, Shard, distribute_tensor, mesh
+    return torch, dcp, Shard, mesh
+
+
+def one_round(root: Path, local: np.ndarray, sh: ck.Shard, comm, keep, dcp_parts) -> None:
+    """Time every operation once; everything written is removed before returning."""
+    rank = comm.Get_rank()
+    if rank == 0:
+        root.mkdir()
+    comm.Barrier()
+    target = np.empty_like(local)
+    raw = root / f"raw-{rank}.bin"
+    keep("raw write (fsync)", timed(lambda: raw_write(raw, local), comm))
+    drop_cache(raw)
+    keep("raw read (cold)", timed(lambda: raw_read(raw, target), comm))
+    assert np.array_equal(target, local)
+    raw.unlink()
+
+    path = root / "ck"
+    keep("hpcdist save", timed(lambda: ck.save({"w": ck.Sharded(local, sh)}, path), comm))
+    for verify in (True, False):
+        comm.Barrier()
+        if rank == 0:
+            drop_cache(path)
+        target[...] = 0
+        name = "hpcdist load" + (" (verify)" if verify else " (no verify)")
+        keep(name, timed(lambda v=verify: ck.load({"w": ck.Sharded(target, sh)}, path, verify=v), comm))
+        assert np.array_equal(target, local)
+    comm.Barrier()
+    if rank == 0:
+        shutil.rmtree(path)
+
+    work: list = []
+    apath = root / "async"
+    blocked = timed(lambda: work.append(ck.async_save({"w": ck.Sharded(local, sh)}, apath)), comm)
+    keep("hpcdist async_save: caller blocked", blocked)
+    keep("hpcdist async_save: until committed", blocked + timed(lambda: work[0].wait(), comm))
+    comm.Barrier()
+    if rank == 0:
+        shutil.rmtree(apath)
+
+    if dcp_parts is not None:
+        torch, dcp, Shard, mesh = dcp_parts
+        from torch.distributed.tensor import DTensor
+
+        dt = DTensor.from_local(torch.from_numpy(local), mesh, [Shard(0)], run_check=False)
+        dpath = root / "dcp"
+        keep("torch DCP save", timed(lambda: dcp.save({"w": dt}, checkpoint_id=str(dpath)), comm))
+        comm.Barrier()
+        if rank == 0:
+            drop_cache(dpath)
+        tgt = DTensor.from_local(torch.zeros(sh.sizes), mesh, [Shard(0)], run_check=False)
+        keep("torch DCP load", timed(lambda: dcp.load({"w": tgt}, checkpoint_id=str(dpath)), comm))
+        assert np.array_equal(tgt.to_local().numpy(), local)
+    comm.Barrier()
+    if rank == 0:
+        shutil.rmtree(root)
 
 
 def main() -> None:
@@ -119,7 +174,6 @@ def main() -> None:
     sh = ck.Shard.even((rows, cols), 0, rank, size)
     local = np.random.default_rng(rank).standard_normal(sh.sizes, dtype=np.float32)
     total = rows * cols * 4
-    target = np.empty_like(local)
     dcp_parts = None if args.no_dcp else setup_dcp(rank, size)
     best: dict[str, float] = {}
 
@@ -128,56 +182,7 @@ def main() -> None:
 
     try:
         for rnd in range(args.repeat):
-            raw = root / f"raw-{rank}.bin"
-            keep("raw write (fsync)", timed(lambda: raw_write(raw, local), comm))
-            drop_cache(raw)
-            keep("raw read (cold)", timed(lambda: raw_read(raw, target), comm))
-            assert np.array_equal(target, local)
-            raw.unlink()
-
-            path = root / f"ck-{rnd}"
-            keep("hpcdist save", timed(lambda: ck.save({"w": ck.Sharded(local, sh)}, path), comm))
-            for verify in (True, False):
-                comm.Barrier()
-                if rank == 0:
-                    drop_cache(path)
-                target[...] = 0
-                name = "hpcdist load" + (" (verify)" if verify else " (no verify)")
-                keep(name, timed(lambda v=verify: ck.load({"w": ck.Sharded(target, sh)}, path, verify=v), comm))
-                assert np.array_equal(target, local)
-            comm.Barrier()
-            if rank == 0:
-                shutil.rmtree(path)
-            path = root / f"async-{rnd}"
-            work: list = []
-            keep(
-                "hpcdist async_save: caller blocked",
-                timed(lambda: work.append(ck.async_save({"w": ck.Sharded(local, sh)}, path)), comm),
-            )
-            keep(
-                "hpcdist async_save: until committed",
-                best.get("_", 0) + timed(lambda: work[0].wait(), comm) + best["hpcdist async_save: caller blocked"],
-            )
-            comm.Barrier()
-            if rank == 0:
-                shutil.rmtree(path)
-
-            if dcp_parts is not None:
-                torch, dcp, Shard, distribute_tensor, mesh = dcp_parts
-                from torch.distributed.tensor import DTensor
-
-                dt = DTensor.from_local(torch.from_numpy(local), mesh, [Shard(0)], run_check=False)
-                dpath = root / f"dcp-{rnd}"
-                keep("torch DCP save", timed(lambda: dcp.save({"w": dt}, checkpoint_id=str(dpath)), comm))
-                comm.Barrier()
-                if rank == 0:
-                    drop_cache(dpath)
-                tgt = DTensor.from_local(torch.zeros(sh.sizes), mesh, [Shard(0)], run_check=False)
-                keep("torch DCP load", timed(lambda: dcp.load({"w": tgt}, checkpoint_id=str(dpath)), comm))
-                assert np.array_equal(tgt.to_local().numpy(), local)
-                comm.Barrier()
-                if rank == 0:
-                    shutil.rmtree(dpath)
+            one_round(root / f"round-{rnd}", local, sh, comm, keep, dcp_parts)
     finally:
         comm.Barrier()
         if rank == 0:

@@ -91,7 +91,7 @@ asynchronous = sys.argv[2] == "async"
 small = {"marker": np.full(4, 1.0), "step": 1}
 ck.save(small, path / "step_1")
 print("saved step_1", flush=True)
-big = {f"layer{i:03d}": np.full((1024, 1024), float(i)) for i in range(48)}  # 384 MiB per rank
+big = {f"layer{i:03d}": np.full((512, 1024), float(i)) for i in range(32)}  # 128 MiB per rank
 big["step"] = 2
 for _ in range(50):  # keep saving until killed
     if asynchronous:
