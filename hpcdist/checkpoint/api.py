@@ -14,6 +14,7 @@ on one rank (bad state, full disk, corrupt file) reaches every rank as a
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import uuid
 import weakref
@@ -100,7 +101,11 @@ def agree(pg: ProcessGroup, host: list, final: Path, layout: str, overwrite: boo
                 )
             token = uuid.uuid4().hex[:12]
             tmp = _write.new_tmp(final, token)
-            plans = make_plans(gathered, str(tmp), token, layout)
+            try:
+                plans = make_plans(gathered, str(tmp), token, layout)
+            except Exception:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
         except Exception as exc:
             plans = [_fail(exc)] * size
     mine: list[Any] = [None]
@@ -131,8 +136,6 @@ def finish_sync(pg: ProcessGroup, plan: Plan, host: list, final: Path, overwrite
             records = [rec for g in gathered for rec in g]
             _write.commit(plan, final, records, size, overwrite)
         except Exception as exc:
-            import shutil
-
             shutil.rmtree(plan.tmp, ignore_errors=True)
             outcome[0] = str(exc) if isinstance(exc, CheckpointError) else _fail(exc)
     broadcast_object_list(outcome, group=pg, group_src=0)

@@ -105,13 +105,15 @@ class Preemption:
         Raises:
             RuntimeError: on every rank when ``scontrol`` failed (its message included).
         """
-        from .. import broadcast_object_list, get_rank
+        from .. import broadcast_object_list
         from ..group import resolve_group
 
         pg = resolve_group(self._group, "Preemption.requeue")
+        if pg is None:
+            raise ValueError("Preemption.requeue: this rank is not a member of the group; only members call it")
         job = self.job_id()
         outcome: list[Any] = [None]
-        if pg is None or pg.rank() == 0 or (pg is None and get_rank() == 0):
+        if pg.rank() == 0:
             if job is None:
                 outcome[0] = False
             else:

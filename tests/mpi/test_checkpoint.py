@@ -277,6 +277,7 @@ def test_save_errors_reach_every_rank(ckdir):
     bad = ck.Shard((4,), (0,), (2,))  # every rank holds the first half: the rest is missing
     with pytest.raises(ck.CheckpointError, match="cover"):
         ck.save({"x": ck.Sharded(np.zeros(2), bad)}, ckdir / "gap")
+    assert not list(ckdir.glob(".gap.tmp-*")) and not (ckdir / "gap").exists()  # nothing left behind
     with pytest.raises(ValueError, match="does not fit"):
         ck.Shard((4,), (3,), (2,))
     with pytest.raises(ValueError, match="keys must"):
