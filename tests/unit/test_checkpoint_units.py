@@ -149,3 +149,18 @@ def test_latest_natural_order(tmp_path):
         (tmp_path / name / layout.META_NAME).write_text("{}")
     assert layout.latest(tmp_path) == tmp_path / "step_10"
     assert layout.latest(tmp_path / "none") is None
+
+
+def test_imports_are_lazy():
+    """``import hpcdist`` does not import the checkpoint package, and neither imports h5py."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, hpcdist\n"
+        "assert 'hpcdist.checkpoint' not in sys.modules and 'h5py' not in sys.modules\n"
+        "import hpcdist.checkpoint\n"
+        "assert 'h5py' not in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
