@@ -23,6 +23,9 @@ from .layout import Leaf, crc32
 
 __all__ = ["Files", "check_structure", "read_leaf"]
 
+#: checksum blocks read at a time when verifying (about 64 MiB with the default block size)
+_CHUNK_BLOCKS = 16
+
 
 class Files:
     """Open HDF5 files of one checkpoint, opened on first use, closed together."""
@@ -152,29 +155,34 @@ def _read_piece(
         src = tuple(slice(lo - po + a, hi - po + a) for (lo, hi), po, a in zip(box, p_off, at))
         d.read_direct(out, source_sel=src, dest_sel=dest)
         return
-    rows = piece["block_rows"]
-    sizes = piece["sizes"]
-    r0, r1 = box[0][0] - p_off[0], box[0][1] - p_off[0]
-    b0, b1 = r0 // rows, -(-r1 // rows)
-    lo_row, hi_row = b0 * rows, min(b1 * rows, sizes[0])
-    src = (slice(lo_row + at[0], hi_row + at[0]), *(slice(a, a + s) for a, s in zip(at[1:], sizes[1:])))
-    full_cols = all(lo - po == 0 and hi - lo == s for (lo, hi), po, s in zip(box[1:], p_off[1:], sizes[1:]))
-    direct = full_cols and (lo_row, hi_row) == (r0, r1) and tuple(out.shape[1:]) == tuple(sizes[1:])
-    if direct:  # the blocks land in out as they are: no staging copy
-        region = out[dest]
-        d.read_direct(out, source_sel=src, dest_sel=dest)
-    else:
-        region = np.empty((hi_row - lo_row, *sizes[1:]), dtype=out.dtype)
-        if region.size:
-            d.read_direct(region, source_sel=src)
-    flat = region.reshape(region.shape[0], -1).view(np.uint8) if region.size else None
-    for b in range(b0, b1):
-        i0 = b * rows - lo_row
-        block = flat[i0 : i0 + rows] if flat is not None else b""
-        _verify(block, piece["crc32"][b], piece["file"], name, b)
-    if not direct:
-        sel = (slice(r0 - lo_row, r1 - lo_row), *(slice(lo - po, hi - po) for (lo, hi), po in zip(box[1:], p_off[1:])))
-        out[dest] = region[sel]
+    rows, sizes = piece["block_rows"], piece["sizes"]
+    r0, r1 = box[0][0] - p_off[0], box[0][1] - p_off[0]  # the rows wanted, in the piece's coordinates
+    b0, b1 = r0 // rows, -(-r1 // rows)  # the checksum blocks they touch
+    cols = tuple(slice(a, a + s) for a, s in zip(at[1:], sizes[1:]))
+    pick = tuple(slice(lo - po, hi - po) for (lo, hi), po in zip(box[1:], p_off[1:]))
+    whole_rows = all(p.start == 0 and p.stop == s for p, s in zip(pick, sizes[1:]))
+    direct_ok = whole_rows and tuple(out.shape[1:]) == tuple(sizes[1:])
+    for c0 in range(b0, b1, _CHUNK_BLOCKS):  # a bounded staging buffer for big pieces
+        c1 = min(c0 + _CHUNK_BLOCKS, b1)
+        lo_row, hi_row = c0 * rows, min(c1 * rows, sizes[0])  # whole blocks are read
+        w0, w1 = max(lo_row, r0), min(hi_row, r1)  # of which these rows are wanted
+        at_row = w0 + p_off[0] - want_off[0]  # where they go in out
+        src = (slice(lo_row + at[0], hi_row + at[0]), *cols)
+        direct = direct_ok and (lo_row, hi_row) == (w0, w1)
+        if direct:  # the blocks land in out as they are: no staging copy
+            region = out[at_row : at_row + (hi_row - lo_row)]
+            if region.size:
+                d.read_direct(out, source_sel=src, dest_sel=(slice(at_row, at_row + hi_row - lo_row), *dest[1:]))
+        else:
+            region = np.empty((hi_row - lo_row, *sizes[1:]), dtype=out.dtype)
+            if region.size:
+                d.read_direct(region, source_sel=src)
+        flat = region.reshape(region.shape[0], -1).view(np.uint8) if region.size else None
+        for b in range(c0, c1):
+            i0 = b * rows - lo_row
+            _verify(flat[i0 : i0 + rows] if flat is not None else b"", piece["crc32"][b], piece["file"], name, b)
+        if not direct:
+            out[(slice(at_row, at_row + w1 - w0), *dest[1:])] = region[(slice(w0 - lo_row, w1 - lo_row), *pick)]
 
 
 def read_leaf(files: Files, leaf: Leaf, e: dict[str, Any], verify: bool, trusted: bool) -> None:

@@ -405,3 +405,27 @@ def test_lists_are_values(ckdir):
     got = {"l": None}
     ck.load(got, path)
     assert np.array_equal(got["l"][0], np.arange(3)) and got["l"][1] == (1, "x")
+
+
+def test_many_checksum_blocks_reshard(ckdir, monkeypatch):
+    """Pieces of many small checksum blocks, read a few blocks at a time, under every slicing."""
+    from hpcdist.checkpoint import layout, read
+
+    monkeypatch.setattr(layout, "BLOCK_BYTES", 3 * 5 * 8)  # 3 rows of 5 float64 per block
+    monkeypatch.setattr(read, "_CHUNK_BLOCKS", 2)
+    n, r = dist.get_world_size(), dist.get_rank()
+    shape = (37, 5)
+    ref = _global(shape)
+    sh = ck.Shard.even(shape, 0, r, n)
+    ck.save({"x": ck.Sharded(ref[sh.slices()].copy(), sh)}, ckdir / "blocks")
+    wants = [
+        ck.Shard.even(shape, 0, (r + 1) % n, n),
+        ck.Shard.even(shape, 1, r, n),
+        ck.Shard((37, 5), (r % 7 + 1, 1), (20, 3)),
+        ck.Shard.whole(shape),
+    ]
+    for want in wants:
+        for verify in (True, False):
+            local = np.full(want.sizes, -1.0)
+            ck.load({"x": ck.Sharded(local, want)}, ckdir / "blocks", verify=verify)
+            assert np.array_equal(local, ref[want.slices()]), (want, verify)
