@@ -157,8 +157,9 @@ def save(
         state: a nested dict (str or int keys) of arrays (NumPy, torch CPU/CUDA,
             CuPy), :class:`Sharded` arrays or torch DTensors, and Python values
             (numbers, strings, bytes, None, small picklable objects). Plain
-            arrays are replicated: every rank holds the same array and it is
-            written once. Values are taken from group rank 0.
+            arrays are replicated: every rank holds the same array and one rank
+            writes it (the copies are not compared). Values are taken from
+            group rank 0.
         path: the checkpoint's directory; it must not exist unless ``overwrite``.
         group: the process group (default: the world). Every member calls.
         layout: ``"per-rank"`` (one HDF5 file per writing rank), ``"single-file"``

@@ -175,6 +175,15 @@ def test_replicated_array_written_once_and_readable_by_plain_h5py(ckdir):
         assert np.array_equal(found["w"], state["w"]) and np.array_equal(found["b"], state["b"]) and found["step"] == 9
 
 
+def test_values_come_from_rank_0_and_replicated_arrays_from_one_rank(ckdir):
+    r = dist.get_rank()
+    ck.save({"who": f"rank {r}", "arr": np.full(3, float(r))}, ckdir / "from0")
+    got = {"who": None, "arr": np.full(3, -1.0)}
+    ck.load(got, ckdir / "from0")
+    # the replicated array is written by one rank: with equal arrays (the contract) it does not matter which
+    assert got["who"] == "rank 0" and got["arr"].tolist() in ([float(q)] * 3 for q in range(dist.get_world_size()))
+
+
 def test_sharded_reshard_in_one_run(ckdir):
     n, r = dist.get_world_size(), dist.get_rank()
     shape = (7, 5)  # 7 rows over 3 ranks: uneven
@@ -363,7 +372,11 @@ def test_preemption_flag_is_agreed(ckdir):
         env_job = os.environ.pop("SLURM_JOB_ID", None)
         try:
             assert pre.requeue() is False  # outside Slurm: nothing to requeue
+            os.environ["SLURM_JOB_ID"] = "424242"
+            with pytest.raises(RuntimeError, match="scontrol requeue 424242 failed"):  # on every rank
+                pre.requeue(scontrol="false")
         finally:
+            os.environ.pop("SLURM_JOB_ID", None)
             if env_job is not None:
                 os.environ["SLURM_JOB_ID"] = env_job
     assert signal.getsignal(signal.SIGUSR1) is not pre._handler
