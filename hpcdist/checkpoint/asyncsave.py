@@ -162,7 +162,18 @@ class SaveWork:
         return not self._thread.is_alive()
 
     def exception(self) -> BaseException | None:
+        """The save's error once it finished (None while running or after success)."""
         return None if self._thread.is_alive() else self._exc
+
+    # the concurrent.futures.Future names (torch's DCP async_save returns one)
+    def done(self) -> bool:
+        """Same as :meth:`is_completed`."""
+        return self.is_completed()
+
+    def result(self, timeout: float | None = None) -> Path:
+        """Wait (see :meth:`wait`) and return the checkpoint's path."""
+        self.wait(timeout)
+        return self.path
 
     def __repr__(self) -> str:
         state = "pending" if self._thread.is_alive() else ("failed" if self._exc else "committed")

@@ -319,7 +319,8 @@ def test_async_save_overlaps_computation(ckdir):
     assert acc[0] == 20 * n
     work2 = ck.async_save(state, ckdir / "a2")  # waits for the first (one in flight per group)
     assert work.is_completed() and work.exception() is None
-    assert work2.wait() is True and work2.is_completed()
+    assert work2.wait() is True and work2.is_completed() and work2.done()
+    assert work2.result() == (ckdir / "a2").absolute()
     got = {"w": np.zeros((256, 256), np.float32), "step": 0}
     ck.load(got, ckdir / "a1")
     _assert_same(got, want)
