@@ -1,7 +1,8 @@
 """Run every stage of the test suite with a hard time limit each.
 
 Stages: lint (ruff), types (mypy), unit tests, MPI tests under ``mpiexec`` at
-1, 2, 3 and 4 ranks, integration tests (they launch their own processes),
+1, 2, 3 and 4 ranks, the checkpoint tests with parallel HDF5 (``mpio``, when
+scripts/h5py-mpi has built h5py with MPI), integration tests (they launch their own processes),
 GPU tests (skip without a GPU), the Sphinx docs with warnings as errors.
 Prints one closing line ``N passed, N failed, N skipped`` summed over the
 pytest stages; exits non-zero when any stage failed.
@@ -46,6 +47,9 @@ def stages(ranks: list[int], tmp: Path) -> list[tuple[str, list[str], Path | Non
         xml = tmp / "mpi3d.xml"
         cmd = [mpiexec, "-n", "3", PY, str(ROOT / "tests" / "mpi_pytest.py"), "-q", "tests/mpi", f"--junitxml={xml}"]
         out.append(("mpi-3-detail", cmd, xml, 600))
+    mpio = mpio_stage(tmp)
+    if mpio is not None:
+        out.append(mpio)
     out.append(
         (
             "integration",
@@ -65,6 +69,32 @@ def stages(ranks: list[int], tmp: Path) -> list[tuple[str, list[str], Path | Non
             )
         )
     return out
+
+
+#: h5py with parallel HDF5, built by scripts/h5py-mpi (absent: the stage is left out, with a note)
+H5PY_MPI = ROOT / "build" / "h5py-mpi"
+
+
+def mpio_stage(tmp: Path) -> tuple[str, list[str], Path | None, int] | None:
+    """The checkpoint tests at 3 ranks with h5py's MPI-IO (single-file layout) under Debian's MPICH."""
+    mpiexec = shutil.which("mpiexec.mpich") or "/usr/bin/mpiexec.mpich"
+    if not (H5PY_MPI / "site" / "h5py").is_dir() or not Path(mpiexec).exists():
+        print("note: stage mpio left out (no parallel h5py: run scripts/h5py-mpi to build one)", flush=True)
+        return None
+    xml = tmp / "mpio.xml"
+    cmd = [mpiexec, "-n", "3", PY, str(ROOT / "tests" / "mpi_pytest.py"), "-q", "tests/mpi/test_checkpoint.py"]
+    return ("mpio", [*cmd, f"--junitxml={xml}"], xml, 300)
+
+
+def mpio_env(env: dict[str, str]) -> dict[str, str]:
+    """What scripts/h5py-mpi's build needs: its h5py first on the path, mpi4py on Debian's libmpich."""
+    lib = str(H5PY_MPI / "lib")
+    return {
+        **env,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(H5PY_MPI / "site"), env.get("PYTHONPATH", "")) if p),
+        "MPI4PY_LIBMPI": str(H5PY_MPI / "lib" / "libmpi.so.12"),
+        "LD_LIBRARY_PATH": os.pathsep.join(p for p in (lib, env.get("LD_LIBRARY_PATH", "")) if p),
+    }
 
 
 def count(xml: Path) -> tuple[int, int, int]:
@@ -106,6 +136,8 @@ def main() -> int:
                 stage_env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
             elif name.startswith("mpi-"):
                 stage_env["HPCDIST_WAIT"] = name.rsplit("-", 1)[1]
+            elif name == "mpio":
+                stage_env = mpio_env(stage_env)
             proc = subprocess.Popen(cmd, cwd=ROOT, env=stage_env, start_new_session=True)
             try:
                 rc = proc.wait(timeout=limit)

@@ -1,0 +1,217 @@
+"""``async_save``: the host copy now, the writing and the commit in a background thread.
+
+The calling thread does what needs MPI: flattening, the host copies (device
+arrays are copied to host memory; host arrays are copied too, so the caller
+may change them at once) and the two small collectives that agree on the plan.
+The background thread does no MPI at all — hpcdist does not require
+``MPI_THREAD_MULTIPLE`` — so the commit goes through the file system: each rank
+writes its HDF5 file, fsyncs it and then a small result file
+(``rank-NNNNN.result.json``, checksums or its error) into the temporary
+directory; group rank 0's thread waits for all of them (the group's timeout),
+writes the metadata and renames the directory; the other ranks' threads wait
+until the checkpoint carries this save's token (or a ``FAILED`` marker). So the
+directory where checkpoints live must be shared by the ranks (as for any save).
+
+At most one async save is in flight per group: a second ``async_save`` (and
+``save``/``load`` on the group) first waits for the one in flight. Async saves
+always use the per-rank layout (MPI-IO would be collective in the thread).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from . import layout as _layout
+from . import write as _write
+from .api import _INFLIGHT, _INFLIGHT_LOCK, agree, group_of, prepare, wait_inflight
+from .errors import CheckpointError
+from .plan import Plan
+
+__all__ = ["SaveWork", "async_save"]
+
+_FAILED = "FAILED"
+
+
+def _result_name(rank: int) -> str:
+    return f"rank-{rank:05d}.result.json"
+
+
+class SaveWork:
+    """The handle of an :func:`async_save` (like a ``Work``: ``wait``, ``is_completed``, ``exception``).
+
+    ``wait()`` returns True once this rank's files are written and the
+    checkpoint is committed (renamed into place), or raises the save's
+    :class:`CheckpointError`. Every rank should wait (or start another save,
+    which waits) before exiting; a process that exits first still finishes the
+    write (the thread is not a daemon).
+    """
+
+    def __init__(
+        self, path: Path, plan: Plan, host: list, rank: int, size: int, timeout_s: float, overwrite: bool
+    ) -> None:
+        self.path = path
+        self._plan = plan
+        self._host = host
+        self._rank = rank
+        self._size = size
+        self._timeout_s = timeout_s
+        self._overwrite = overwrite
+        self._exc: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"hpcdist-async-save-{path.name}")
+
+    def _start(self) -> None:
+        self._thread.start()
+
+    # ---------------------------------------------------------------- the thread
+    def _run(self) -> None:
+        try:
+            self._write_and_commit()
+        except BaseException as exc:
+            self._exc = (
+                exc
+                if isinstance(exc, CheckpointError)
+                else CheckpointError(f"async save to {str(self.path)!r}: {type(exc).__name__}: {exc}")
+            )
+        finally:
+            self._host = []  # the host copies are no longer needed
+
+    def _write_and_commit(self) -> None:
+        tmp = Path(self._plan.tmp)
+        result: dict[str, Any]
+        try:
+            result = {"records": _write.write_rank(self._plan, self._host, self._rank)}
+        except Exception as exc:
+            result = {"error": f"{type(exc).__name__}: {exc}"}
+        part = tmp / (_result_name(self._rank) + ".part")
+        _layout.write_json(part, result)
+        os.rename(part, tmp / _result_name(self._rank))
+        deadline = time.monotonic() + self._timeout_s
+        if self._rank == 0:
+            self._commit(tmp, deadline)
+        else:
+            self._await_commit(tmp, deadline)
+        if "error" in result:
+            raise CheckpointError(f"async save to {str(self.path)!r} failed on this rank: {result['error']}")
+
+    def _commit(self, tmp: Path, deadline: float) -> None:
+        names = [tmp / _result_name(r) for r in range(self._size)]
+        results: list[dict[str, Any] | None] = [None] * self._size
+        try:
+            _poll(lambda: all(p.exists() for p in names), deadline)
+        except TimeoutError:
+            late = [r for r, p in enumerate(names) if not p.exists()]
+            self._give_up(tmp, f"group ranks {late} did not finish writing within {self._timeout_s:g}s")
+        for r, p in enumerate(names):
+            with open(p) as fh:
+                results[r] = json.load(fh)
+        errors = [f"rank {r}: {res['error']}" for r, res in enumerate(results) if res and "error" in res]
+        if errors:
+            self._give_up(tmp, "; ".join(errors))
+        for p in names:
+            p.unlink()
+        records = [rec for res in results if res for rec in res["records"]]
+        try:
+            _write.commit(self._plan, self.path, records, self._size, self._overwrite)
+        except Exception as exc:
+            self._give_up(tmp, f"{type(exc).__name__}: {exc}")
+
+    def _give_up(self, tmp: Path, why: str) -> None:
+        msg = f"async save to {str(self.path)!r} failed: {why}"
+        _layout.write_json(tmp / _FAILED, {"error": msg})
+        raise CheckpointError(msg)
+
+    def _await_commit(self, tmp: Path, deadline: float) -> None:
+        meta = self.path / _layout.META_NAME
+
+        def committed() -> bool:
+            if (tmp / _FAILED).exists():
+                return True
+            try:
+                with open(meta) as fh:
+                    return json.load(fh).get("token") == self._plan.token
+            except (OSError, ValueError):
+                return False
+
+        try:
+            _poll(committed, deadline)
+        except TimeoutError:
+            raise CheckpointError(
+                f"async save to {str(self.path)!r}: group rank 0 did not commit within {self._timeout_s:g}s"
+            ) from None
+        if (tmp / _FAILED).exists():
+            with open(tmp / _FAILED) as fh:
+                raise CheckpointError(json.load(fh)["error"])
+
+    # ---------------------------------------------------------------- Work API
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the save is committed; True. Raises its error, or TimeoutError after ``timeout`` s."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"async save to {str(self.path)!r} still running after {timeout}s")
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def is_completed(self) -> bool:
+        """Non-blocking: has the save finished (committed or failed)?"""
+        return not self._thread.is_alive()
+
+    def exception(self) -> BaseException | None:
+        """The save's error once it finished (None while running or after success)."""
+        return None if self._thread.is_alive() else self._exc
+
+    # the concurrent.futures.Future names (torch's DCP async_save returns one)
+    def done(self) -> bool:
+        """Same as :meth:`is_completed`."""
+        return self.is_completed()
+
+    def result(self, timeout: float | None = None) -> Path:
+        """Wait (see :meth:`wait`) and return the checkpoint's path."""
+        self.wait(timeout)
+        return self.path
+
+    def __repr__(self) -> str:
+        state = "pending" if self._thread.is_alive() else ("failed" if self._exc else "committed")
+        return f"<hpcdist.checkpoint.SaveWork {str(self.path)!r} {state}>"
+
+
+def _poll(ready: Any, deadline: float) -> None:
+    delay = 0.002
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
+def async_save(
+    state: dict[str, Any], path: str | os.PathLike, group: Any = None, *, overwrite: bool = False
+) -> SaveWork:
+    """Start saving ``state`` as ``path``; returns once the state is copied to host memory. Collective.
+
+    Args:
+        state: as for :func:`save`. Its arrays are copied before return: the
+            caller may change them at once.
+        path: the checkpoint's directory (on a file system every rank sees).
+        group: the process group (default: the world). Every member calls.
+        overwrite: replace an existing checkpoint at ``path``.
+
+    Returns:
+        A :class:`SaveWork`; ``wait()`` on it (on every rank) before relying on
+        the checkpoint. A save already in flight on the group is waited for first.
+    """
+    pg = group_of(group, "checkpoint.async_save")
+    wait_inflight(pg)
+    final = Path(path).absolute()
+    host = prepare(pg, state, copy=True)
+    plan = agree(pg, host, final, "per-rank", overwrite)
+    work = SaveWork(final, plan, host, pg.rank(), pg.size(), pg._timeout_s, overwrite)
+    with _INFLIGHT_LOCK:
+        _INFLIGHT[pg] = work
+    work._start()
+    return work

@@ -1,0 +1,166 @@
+"""hpcdist.checkpoint's pure parts, without MPI: Shard boxes against torch's DTensor arithmetic,
+the save plan (checks, tiling, who writes what), value encodings, key flattening, checksums."""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import zlib
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from hpcdist.checkpoint import Shard, Sharded, layout, values
+from hpcdist.checkpoint.errors import CheckpointError
+from hpcdist.checkpoint.plan import Entry, make_plans
+
+
+class FakeMesh:
+    """What Shard.from_mesh reads of a DeviceMesh: this rank's coordinate and the mesh shape."""
+
+    def __init__(self, shape, coord):
+        self.shape = tuple(shape)
+        self._coord = list(coord)
+
+    def get_coordinate(self):
+        return list(self._coord)
+
+
+def test_from_mesh_matches_torch_dtensor_layout():
+    torch_utils = pytest.importorskip("torch.distributed.tensor._utils")
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Shard as TShard
+
+    kinds = [TShard(0), TShard(1), Replicate()]
+    checked = 0
+    for mesh_shape in [(4,), (3,), (2, 2), (3, 2), (2, 3)]:
+        for placements in itertools.product(kinds, repeat=len(mesh_shape)):
+            for gshape in [(7, 5), (4, 9), (1, 3), (2, 0)]:
+                for coord in itertools.product(*(range(m) for m in mesh_shape)):
+                    size, off = torch_utils._compute_local_shape_and_global_offset(
+                        gshape, mesh_shape, list(coord), placements
+                    )
+                    mine = Shard.from_mesh(gshape, FakeMesh(mesh_shape, coord), placements)
+                    assert mine.sizes == tuple(size), (mesh_shape, placements, gshape, coord)
+                    if all(size):
+                        assert mine.offsets == tuple(off), (mesh_shape, placements, gshape, coord)
+                    checked += 1
+    assert checked > 500
+
+
+def test_shard_checks_and_helpers():
+    s = Shard.even((10, 3), 0, 3, 4)  # torch.chunk: 3, 3, 3, 1
+    assert s.offsets == (9, 0) and s.sizes == (1, 3) and s.slices() == (slice(9, 10), slice(0, 3))
+    assert Shard.whole((2, 3)).is_whole and not s.is_whole
+    assert Shard.from_mesh((6,), FakeMesh((2, 2), (1, 0)), [("shard", 0), "replicate"]).offsets == (3,)
+    with pytest.raises(ValueError, match="does not fit"):
+        Shard((4,), (3,), (2,))
+    with pytest.raises(ValueError, match="one entry per dimension"):
+        Shard((4, 4), (0,), (4,))
+    with pytest.raises(ValueError, match="one entry per mesh dimension"):
+        Shard.from_mesh((4,), FakeMesh((2,), (0,)), ["replicate", "replicate"])
+    with pytest.raises(ValueError, match="placement"):
+        Shard.from_mesh((4,), FakeMesh((2,), (0,)), ["bogus"])
+    with pytest.raises(ValueError, match="shape"):
+        Sharded(np.zeros(3), Shard((4,), (0,), (2,)))
+
+
+def _e(name, kind="array", shape=(4,), offsets=None, sizes=None, dtype="float64"):
+    offsets = offsets if offsets is not None else (0,) * len(shape)
+    sizes = sizes if sizes is not None else shape
+    return Entry(name, (name,), kind, dtype, np.dtype(dtype).str, shape, offsets, sizes)
+
+
+def test_plan_assigns_one_writer_per_distinct_box_and_spreads_replicated_arrays():
+    # 4 ranks; "w" sharded over 2 boxes (ranks 0,1 hold the first half, 2,3 the second)
+    rows = [(0, 2), (0, 2), (2, 2), (2, 2)]
+    summaries = [
+        [
+            _e("big", shape=(1000,)),
+            _e("mid", shape=(600,)),
+            _e("small", shape=(10,)),
+            _e("w", "sharded", (4,), (o,), (s,)),
+        ]
+        for o, s in rows
+    ]
+    plans = make_plans(summaries, "/tmp/x", "tok", "per-rank")
+    writers = {name: [r for r, p in enumerate(plans) if name in p.writes] for name in ("big", "mid", "small", "w")}
+    assert writers["w"] == [0, 2]  # the lowest rank of each distinct box
+    assert len(writers["big"]) == len(writers["mid"]) == len(writers["small"]) == 1
+    assert len({writers["big"][0], writers["mid"][0]}) == 2  # the large ones land on different ranks
+
+
+def test_plan_names_mismatches_and_gaps():
+    with pytest.raises(CheckpointError, match=r"keys missing on rank 1: \['b'\]"):
+        make_plans([[_e("a"), _e("b")], [_e("a")]], "/t", "x", "per-rank")
+    with pytest.raises(CheckpointError, match=r"'a' is .* on rank 1"):
+        make_plans([[_e("a", shape=(4,))], [_e("a", shape=(5,))]], "/t", "x", "per-rank")
+    gap = [[_e("w", "sharded", (4,), (0,), (2,))], [_e("w", "sharded", (4,), (0,), (2,))]]
+    with pytest.raises(CheckpointError, match="cover the whole array"):
+        make_plans(gap, "/t", "x", "per-rank")
+    overlap = [[_e("w", "sharded", (4,), (0,), (3,))], [_e("w", "sharded", (4,), (1,), (3,))]]
+    with pytest.raises(CheckpointError, match="overlap"):
+        make_plans(overlap, "/t", "x", "per-rank")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [None, True, -(2**63), 2**63, 1.25, 1j, "", "ünï\0x", b"\x00ab", np.int8(-3), [1, (2, 3)], Fraction(1, 3)],
+)
+def test_values_round_trip(value):
+    enc, arr = values.encode(value)
+    back = values.decode(enc, arr, trusted=False)
+    assert back == value and type(back) is type(value)
+
+
+def test_restricted_unpickling_refuses_code_objects():
+    raw = np.frombuffer(pickle.dumps(pytest.raises), dtype=np.uint8)
+    with pytest.raises(pickle.UnpicklingError, match="trusted=True"):
+        values.decode("pickle", raw, trusted=False)
+    assert values.decode("pickle", raw, trusted=True) is pytest.raises
+
+
+def test_flatten_keys():
+    leaves = layout.flatten({"b": {1: np.zeros(2), "x": 3}, "a": "s"})
+    assert [(leaf.name, leaf.kind) for leaf in leaves] == [("a", "object"), ("b/1", "array"), ("b/x", "object")]
+    for bad, err in [({"a/b": 1}, ValueError), ({"": 1}, ValueError), ({(1, 2): 1}, TypeError), ({True: 1}, TypeError)]:
+        with pytest.raises(err, match="key"):
+            layout.flatten(bad)
+    with pytest.raises(ValueError, match="same name"):
+        layout.flatten({1: 1, "1": 2})
+    with pytest.raises(TypeError, match="must be a dict"):
+        layout.flatten([1])
+
+
+def test_checksums_are_zlib_crc32_per_block():
+    a = np.arange(1000, dtype=np.float64).reshape(100, 10)
+    rows = 7
+    want = [zlib.crc32(a[i : i + rows].tobytes()) for i in range(0, 100, rows)]
+    assert layout.checksums(a, rows) == want
+    assert layout.block_rows((100, 10), 8) == layout.BLOCK_BYTES // 80
+    assert layout.checksums(np.array(2.5), 1) == [zlib.crc32(np.array(2.5).tobytes())]
+
+
+def test_latest_natural_order(tmp_path):
+    for name in ("step_9", "step_10", "step_100a", ".step_200.tmp-x", "step_300"):
+        (tmp_path / name).mkdir()
+    for name in ("step_9", "step_10", ".step_200.tmp-x"):
+        (tmp_path / name / layout.META_NAME).write_text("{}")
+    assert layout.latest(tmp_path) == tmp_path / "step_10"
+    assert layout.latest(tmp_path / "none") is None
+
+
+def test_imports_are_lazy():
+    """``import hpcdist`` does not import the checkpoint package, and neither imports h5py."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, hpcdist\n"
+        "assert 'hpcdist.checkpoint' not in sys.modules and 'h5py' not in sys.modules\n"
+        "import hpcdist.checkpoint\n"
+        "assert 'h5py' not in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
