@@ -22,6 +22,7 @@ from .backends import parse_backend
 from .debug import set_debug_level_from_env
 from .group import GroupMember, ProcessGroup, _check_timeout, destroy_group, resolve_group
 from .rendezvous import export_torchrun_env, group_store, join_world
+from .topology import node_layout
 
 __all__ = [
     "destroy_process_group",
@@ -93,7 +94,8 @@ def init_process_group(
     WORLD.store = group_store
     WORLD.store_owned = store is None
     WORLD.joined_comm = joined.comm
-    export_torchrun_env(comm, comm.Get_rank(), n, store=group_store)
+    WORLD.node_of = node_layout(comm)
+    export_torchrun_env(comm, comm.Get_rank(), n, store=group_store, node_of=WORLD.node_of)
     set_debug_level_from_env()  # HPCDIST_DEBUG / TORCH_DISTRIBUTED_DEBUG, read once per init
     if n > 1 and config.abort_on_exception():
         _install_abort_hook()

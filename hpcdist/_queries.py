@@ -97,13 +97,11 @@ _LOCAL: dict[int, int] = {}
 
 
 def node_local_rank(comm: Any) -> int:
-    """Rank among the ranks of ``comm`` on this node (MPI_Comm_split_type SHARED); cached per comm."""
+    """Rank among the ranks of ``comm`` on this node (:mod:`hpcdist.topology`); cached per comm."""
     key = id(comm)
     hit = _LOCAL.get(key)
     if hit is None:
-        from mpi4py import MPI
+        from .topology import local_rank_size, node_layout
 
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        hit = _LOCAL[key] = node.Get_rank()
-        node.Free()
+        hit = _LOCAL[key] = local_rank_size(node_layout(comm), comm.Get_rank())[0]
     return hit

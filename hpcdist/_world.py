@@ -27,6 +27,7 @@ class World:
         self.launcher: str | None = None
         self.init_method: str | None = None
         self.device_id: Any = None
+        self.node_of: list[int] = []  # node index of every world rank (hpcdist.topology.node_layout)
 
     def next_name(self) -> str:
         name = str(self.pg_count)

@@ -28,6 +28,15 @@ Knobs are read when asked for (never at import time), so a program may set
                                  ``poll`` (non-blocking MPI call polled
                                  against the timeout; a timeout raises a
                                  catchable DistTimeoutError; slower)
+``HPCDIST_HIER``                 hierarchical collectives for host arrays
+                                 of groups spanning several nodes: ``auto``
+                                 (default: from ``HPCDIST_HIER_MIN_BYTES``),
+                                 ``1`` (at every size) or ``0`` (never)
+``HPCDIST_HIER_MIN_BYTES``       the smallest message (bytes) that takes
+                                 the hierarchical path in ``auto`` mode
+``HPCDIST_NODE_ID``              this process's node identity, overriding
+                                 host name + boot id + /dev/shm
+                                 (:mod:`hpcdist.topology`)
 ===============================  ===========================================
 """
 
@@ -43,6 +52,7 @@ __all__ = [
     "debug_level",
     "default_timeout",
     "env_flag",
+    "hierarchical_min_bytes",
     "nccl_watchdog_enabled",
     "object_unpickler",
     "wait_mode",
@@ -59,6 +69,9 @@ KNOBS: dict[str, str] = {
     "HPCDIST_STORE_SECRET_FILE": "file (0600) holding the TCP store secret",
     "HPCDIST_OBJECT_UNPICKLER": "full (default) | restricted",
     "HPCDIST_WAIT": "block (default) | poll: how blocking collectives wait (docs/sharp-bits.md)",
+    "HPCDIST_HIER": "auto (default) | 1 | 0: hierarchical collectives across nodes (docs/multinode.md)",
+    "HPCDIST_HIER_MIN_BYTES": "smallest message for the hierarchical path in auto mode (default 262144)",
+    "HPCDIST_NODE_ID": "node identity override (default: host name + boot id + /dev/shm)",
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -136,3 +149,29 @@ def object_unpickler() -> str:
     if raw not in ("full", "restricted"):
         raise ValueError(f"HPCDIST_OBJECT_UNPICKLER must be 'full' or 'restricted', got {raw!r}")
     return raw
+
+
+#: below this many bytes the flat MPI call wins (one step instead of three); measured on the simulated
+#: 2 x 2 cluster (docs/benchmarks/hierarchical.md)
+DEFAULT_HIER_MIN_BYTES = 256 * 1024
+
+
+def hierarchical_min_bytes() -> int | None:
+    """The smallest message for hierarchical collectives (``HPCDIST_HIER``/``HPCDIST_HIER_MIN_BYTES``); None: off."""
+    mode = os.environ.get("HPCDIST_HIER", "auto").strip().lower()
+    if mode not in ("auto", "1", "0"):
+        raise ValueError(f"HPCDIST_HIER must be 'auto', '1' or '0', got {mode!r}")
+    if mode == "0":
+        return None
+    if mode == "1":
+        return 0
+    raw = os.environ.get("HPCDIST_HIER_MIN_BYTES", "").strip()
+    if not raw:
+        return DEFAULT_HIER_MIN_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"HPCDIST_HIER_MIN_BYTES must be a number of bytes, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"HPCDIST_HIER_MIN_BYTES must be >= 0, got {value}")
+    return value

@@ -378,12 +378,10 @@ def new_subgroups(
     parent = resolve_group(group, "new_subgroups") if group is not None else default_pg()
     if parent is None:
         raise ValueError("new_subgroups: this rank is not a member of the parent group")
-    if group_size is None:
-        from mpi4py import MPI
+    if group_size is None:  # the parent's ranks on this node (hpcdist.topology: right without a launcher too)
+        from .topology import local_rank_size, node_of_ranks
 
-        node = parent._comm.Split_type(MPI.COMM_TYPE_SHARED)
-        group_size = node.Get_size()
-        node.Free()
+        group_size = local_rank_size(node_of_ranks(WORLD.node_of, parent._ranks), parent._rank)[1]
     if isinstance(group_size, bool) or not isinstance(group_size, int):
         raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
     n = parent.size()

@@ -320,7 +320,9 @@ def _factory(pg: Any, device_type: str) -> Any:
         from .mpi_cuda import cuda_engine
 
         return cuda_engine(pg, device_type)
-    return MPIEngine(pg, device_type)
+    from .hierarchical import hierarchical_or_none
+
+    return hierarchical_or_none(pg, device_type) or MPIEngine(pg, device_type)
 
 
 register_builtin("mpi", _factory, ("cpu", "cuda"))

@@ -29,14 +29,15 @@ LOOPBACK = "127.0.0.1"
 
 
 def all_on_one_node(comm: MPI.Intracomm) -> bool:
-    """True when every rank of ``comm`` shares one node (collective over ``comm``)."""
-    from mpi4py import MPI
+    """True when every rank of ``comm`` shares one node (collective over ``comm``).
 
-    shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    try:
-        return bool(shared.Get_size() == comm.Get_size())
-    finally:
-        shared.Free()
+    By :func:`hpcdist.topology.node_identity`, not ``Split_type`` alone: in a
+    world joined without a launcher MPI may call two hosts one node, and a
+    store bound to loopback would be out of the other host's reach.
+    """
+    from hpcdist.topology import node_layout
+
+    return len(set(node_layout(comm))) == 1
 
 
 def host_address() -> str:
