@@ -28,6 +28,14 @@ Knobs are read when asked for (never at import time), so a program may set
                                  ``poll`` (non-blocking MPI call polled
                                  against the timeout; a timeout raises a
                                  catchable DistTimeoutError; slower)
+``HPCDIST_SHM``                  host collectives of ranks on one node:
+                                 unset/``auto`` (the measured table picks
+                                 shared memory or MPI per op and size),
+                                 ``1`` (shared memory always), ``0`` (MPI)
+``HPCDIST_SHM_SLOT``             bytes per rank and pipeline stage of the
+                                 shared-memory segment (default 1 MiB)
+``HPCDIST_NODE_ID``              node identity for the shared-memory
+                                 engine (default: host name and /dev/shm)
 ===============================  ===========================================
 """
 
@@ -45,6 +53,8 @@ __all__ = [
     "env_flag",
     "nccl_watchdog_enabled",
     "object_unpickler",
+    "shm_mode",
+    "shm_slot_bytes",
     "wait_mode",
 ]
 
@@ -59,6 +69,9 @@ KNOBS: dict[str, str] = {
     "HPCDIST_STORE_SECRET_FILE": "file (0600) holding the TCP store secret",
     "HPCDIST_OBJECT_UNPICKLER": "full (default) | restricted",
     "HPCDIST_WAIT": "block (default) | poll: how blocking collectives wait (docs/sharp-bits.md)",
+    "HPCDIST_SHM": "auto (default: the measured table) | 1 (shared memory always) | 0 (MPI only), on one node",
+    "HPCDIST_SHM_SLOT": "bytes per rank and pipeline stage of the shared-memory segment (1048576)",
+    "HPCDIST_NODE_ID": "node identity for shared memory (default: host name and /dev/shm)",
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -136,3 +149,26 @@ def object_unpickler() -> str:
     if raw not in ("full", "restricted"):
         raise ValueError(f"HPCDIST_OBJECT_UNPICKLER must be 'full' or 'restricted', got {raw!r}")
     return raw
+
+
+def shm_mode() -> str:
+    """``auto``, ``on`` or ``off`` (``HPCDIST_SHM``), read when a group's host engine is built."""
+    raw = os.environ.get("HPCDIST_SHM", "").strip().lower()
+    if raw in ("", "auto"):
+        return "auto"
+    flag = env_flag("HPCDIST_SHM", None)
+    return "on" if flag else "off"
+
+
+def shm_slot_bytes() -> int:
+    """Bytes per rank and pipeline stage of a shared-memory segment (``HPCDIST_SHM_SLOT``)."""
+    raw = os.environ.get("HPCDIST_SHM_SLOT", "").strip()
+    if not raw:
+        return 1 << 20
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable HPCDIST_SHM_SLOT must be a number of bytes, got {raw!r}") from None
+    if value < 64 or value % 64:
+        raise ValueError(f"environment variable HPCDIST_SHM_SLOT must be a multiple of 64 bytes >= 64, got {raw!r}")
+    return value
