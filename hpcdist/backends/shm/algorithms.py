@@ -39,6 +39,7 @@ UFUNCS: dict[str, Any] = {
     "BXOR": np.bitwise_xor,
     "LOR": np.logical_or,
     "LAND": np.logical_and,
+    "LXOR": np.logical_xor,
 }
 
 

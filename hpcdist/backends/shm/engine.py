@@ -49,7 +49,8 @@ class ShmEngine(MPIEngine):
     def __init__(self, pg: Any, device_type: str = "cpu", mode: str = "auto", slot_bytes: int | None = None) -> None:
         super().__init__(pg, device_type)
         self.mode = mode
-        self.slot_bytes = slot_bytes or config.shm_slot_bytes()
+        # a slot holds at least one element of the widest dtype (complex128) per rank, in whole cache lines
+        self.slot_bytes = max(slot_bytes or config.shm_slot_bytes(), -(-16 * pg._size // 64) * 64)
         self.windows = {op: table.window(op, pg._size, mode) for op in table.OPS}
         self._ar_lo, self._ar_hi = self.windows["all_reduce"]
         self._seg: Segment | bool | None = None  # None: not set up; False: the group spans nodes
