@@ -144,14 +144,14 @@ class ShmEngine(MPIEngine):
     def all_gather(self, outs: list[Buf], inp: Buf, sync: bool = False) -> Work | None:
         size = inp.arr.size
         even = all(o.arr.size == size for o in outs)  # the same on every rank: outs[r] has rank r's size
-        seg = self._use("all_gather", inp.arr.nbytes) if even else None
+        seg = self._use("all_gather", inp.arr.nbytes * len(outs)) if even else None
         if seg is None:
             return super().all_gather(outs, inp, sync)
         alg.all_gather(seg, inp.arr.reshape(-1), [o.arr.reshape(-1) for o in outs])
         return self._done(sync, "all_gather", [o.obj for o in outs], *outs)
 
     def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work | None:
-        seg = self._use("all_gather_into_tensor", inp.arr.nbytes)
+        seg = self._use("all_gather_into_tensor", out.arr.nbytes)
         if seg is None:
             return super().all_gather_into(out, inp, sync)
         rows = out.arr.reshape(seg.size, -1)

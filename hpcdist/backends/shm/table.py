@@ -1,8 +1,9 @@
 """Which path runs: the measured selection table of the shared-memory engine.
 
 For each operation and group size, the table holds the byte range
-``[lo, hi)`` of the array (``nbytes`` of the call's input, as
-``hpcdist bench`` reports sizes) in which the shared-memory path beat raw
+``[lo, hi)`` of the call's size (as ``hpcdist bench`` and nccl-tests count
+it: the gathered output of all_gather, the input of reduce_scatter, the
+array of the others) in which the shared-memory path beat raw
 MPI on the machine below; outside it the group's MPI engine runs. A group
 size missing from an operation's rows uses the next larger listed size (the
 largest for bigger groups). ``HPCDIST_SHM=1`` runs the shared-memory path at
