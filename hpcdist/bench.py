@@ -62,9 +62,12 @@ def _bytes(text: str) -> int:
     t = text.strip().upper()
     num = t.rstrip("KMGIB")
     unit = t[len(num) :]
-    if not num or unit not in _UNITS:
-        raise ValueError(f"--sizes: {text!r} is not a size such as 8, 4K, 1M or 64MiB")
-    return int(float(num) * _UNITS[unit])
+    try:
+        if unit not in _UNITS:
+            raise ValueError(unit)
+        return int(float(num) * _UNITS[unit])
+    except ValueError:
+        raise ValueError(f"--sizes: {text!r} is not a size such as 8, 4K, 1M or 64MiB") from None
 
 
 def parse_sizes(spec: str) -> list[int]:
