@@ -65,3 +65,18 @@ def test_parse_sizes():
     assert parse_sizes("8,1MiB") == [8, 1 << 20]
     with pytest.raises(ValueError, match="--sizes"):
         parse_sizes("1X")
+
+
+@pytest.mark.parametrize(("raw", "want"), [("0", "mpi"), ("1", "shm")])
+def test_info_reports_the_path_per_op(monkeypatch, raw, want):
+    from hpcdist.info import collect
+
+    monkeypatch.setenv("HPCDIST_SHM", raw)
+    paths = collect()["shared_memory"]["paths"]
+    assert set(paths) == set(table.OPS)
+    assert all(p == f"2 ranks: {want}; 4 ranks: {want}" for p in paths.values())
+
+
+def test_describe_a_window(monkeypatch):
+    monkeypatch.setitem(table.TABLE, "broadcast", {2: (1 << 20, 64 << 20)})
+    assert table.describe("broadcast", 2) == "mpi below 1 MiB, shm 1 MiB-64 MiB, mpi from 64 MiB"

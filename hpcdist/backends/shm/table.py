@@ -15,7 +15,7 @@ this table's rows from the measured crossovers) and paste them here.
 
 from __future__ import annotations
 
-__all__ = ["DATE", "MACHINE", "NEVER", "OPS", "TABLE", "window"]
+__all__ = ["DATE", "MACHINE", "NEVER", "OPS", "TABLE", "describe", "window"]
 
 INF = 1 << 62
 NEVER = (INF, INF)
@@ -66,3 +66,26 @@ def window(op: str, nranks: int, mode: str = "auto") -> tuple[int, int]:
         if s >= nranks:
             return rows[s]
     return rows[sizes[-1]]
+
+
+def _size(n: int) -> str:
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= f and n % f == 0:
+            return f"{n // f} {unit}"
+    return f"{n} B"
+
+
+def describe(op: str, nranks: int, mode: str = "auto") -> str:
+    """Which path ``op`` takes on ``nranks`` ranks of one node, in words (for ``hpcdist info``)."""
+    lo, hi = window(op, nranks, mode)
+    if lo >= hi:
+        return "mpi"
+    parts = []
+    if lo > 0:
+        parts.append(f"mpi below {_size(lo)}")
+    parts.append(
+        "shm" if lo == 0 and hi >= INF else f"shm from {_size(lo)}" if hi >= INF else f"shm {_size(lo)}-{_size(hi)}"
+    )
+    if hi < INF:
+        parts.append(f"mpi from {_size(hi)}")
+    return ", ".join(parts)
