@@ -86,9 +86,11 @@ OP_CASES = [("numpy", d, o) for d in DTYPES if d != "bfloat16" for o in OPS if _
 OP_CASES += [("torch", d, o) for d in ("bfloat16", "float16") for o in OPS if _applies(o, d)]
 
 
+@pytest.mark.parametrize("which", ["world", "split"])  # the other kinds run in the tests below
 @pytest.mark.parametrize(("kind", "dtype", "opname"), OP_CASES)
-def test_all_reduce_every_op_dtype(sgroup, kind, dtype, opname):
-    g, members = sgroup
+def test_all_reduce_every_op_dtype(shm_groups, which, kind, dtype, opname):
+    g = shm_groups[which]
+    members = members_of(g)
     need(kind, dtype)
     size = 37  # uneven over 2-4 ranks; several chunks
     op = ReduceOp.PREMUL_SUM(2.0) if opname == "PREMUL_SUM" else getattr(ReduceOp, opname)
