@@ -37,6 +37,12 @@ Knobs are read when asked for (never at import time), so a program may set
 ``HPCDIST_NODE_ID``              this process's node identity, overriding
                                  host name + boot id + /dev/shm
                                  (:mod:`hpcdist.topology`)
+``HPCDIST_SHM``                  host collectives of ranks on one node:
+                                 unset/``auto`` (the measured table picks
+                                 shared memory or MPI per op and size),
+                                 ``1`` (shared memory always), ``0`` (MPI)
+``HPCDIST_SHM_SLOT``             bytes per rank and pipeline stage of the
+                                 shared-memory segment (default 1 MiB)
 ===============================  ===========================================
 """
 
@@ -55,6 +61,8 @@ __all__ = [
     "hierarchical_min_bytes",
     "nccl_watchdog_enabled",
     "object_unpickler",
+    "shm_mode",
+    "shm_slot_bytes",
     "wait_mode",
 ]
 
@@ -72,6 +80,8 @@ KNOBS: dict[str, str] = {
     "HPCDIST_HIER": "auto (default) | 1 | 0: hierarchical collectives across nodes (docs/multinode.md)",
     "HPCDIST_HIER_MIN_BYTES": "smallest message for the hierarchical path in auto mode (default 262144)",
     "HPCDIST_NODE_ID": "node identity override (default: host name + boot id + /dev/shm)",
+    "HPCDIST_SHM": "auto (default: the measured table) | 1 (shared memory always) | 0 (MPI only), on one node",
+    "HPCDIST_SHM_SLOT": "bytes per rank and pipeline stage of the shared-memory segment (1048576)",
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -174,4 +184,27 @@ def hierarchical_min_bytes() -> int | None:
         raise ValueError(f"HPCDIST_HIER_MIN_BYTES must be a number of bytes, got {raw!r}") from None
     if value < 0:
         raise ValueError(f"HPCDIST_HIER_MIN_BYTES must be >= 0, got {value}")
+    return value
+
+
+def shm_mode() -> str:
+    """``auto``, ``on`` or ``off`` (``HPCDIST_SHM``), read when a group's host engine is built."""
+    raw = os.environ.get("HPCDIST_SHM", "").strip().lower()
+    if raw in ("", "auto"):
+        return "auto"
+    flag = env_flag("HPCDIST_SHM", None)
+    return "on" if flag else "off"
+
+
+def shm_slot_bytes() -> int:
+    """Bytes per rank and pipeline stage of a shared-memory segment (``HPCDIST_SHM_SLOT``)."""
+    raw = os.environ.get("HPCDIST_SHM_SLOT", "").strip()
+    if not raw:
+        return 1 << 20
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable HPCDIST_SHM_SLOT must be a number of bytes, got {raw!r}") from None
+    if value < 64 or value % 64:
+        raise ValueError(f"environment variable HPCDIST_SHM_SLOT must be a multiple of 64 bytes >= 64, got {raw!r}")
     return value

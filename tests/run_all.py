@@ -1,7 +1,8 @@
 """Run every stage of the test suite with a hard time limit each.
 
 Stages: lint (ruff), types (mypy), unit tests, MPI tests under ``mpiexec`` at
-1, 2, 3 and 4 ranks, integration tests (they launch their own processes),
+1, 2, 3 and 4 ranks, the collectives' tests at 4 ranks forced through the
+shared-memory engine (``HPCDIST_SHM=1``), integration tests (they launch their own processes),
 GPU tests (skip without a GPU), the Sphinx docs with warnings as errors.
 Prints one closing line ``N passed, N failed, N skipped`` summed over the
 pytest stages; exits non-zero when any stage failed.
@@ -46,6 +47,11 @@ def stages(ranks: list[int], tmp: Path) -> list[tuple[str, list[str], Path | Non
         xml = tmp / "mpi3d.xml"
         cmd = [mpiexec, "-n", "3", PY, str(ROOT / "tests" / "mpi_pytest.py"), "-q", "tests/mpi", f"--junitxml={xml}"]
         out.append(("mpi-3-detail", cmd, xml, 600))
+    if 4 in ranks:  # the collectives' matrix once more, forced through shared memory with 64-byte slots (many chunks)
+        xml = tmp / "shm4.xml"
+        tests = ["tests/mpi/test_collectives.py", "tests/mpi/test_bucketing.py"]
+        cmd = [mpiexec, "-n", "4", PY, str(ROOT / "tests" / "mpi_pytest.py"), "-q", *tests, f"--junitxml={xml}"]
+        out.append(("shm-4", cmd, xml, 600))
     out.append(
         (
             "integration",
@@ -106,6 +112,8 @@ def main() -> int:
                 stage_env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
             elif name.startswith("mpi-"):
                 stage_env["HPCDIST_WAIT"] = name.rsplit("-", 1)[1]
+            elif name.startswith("shm-"):
+                stage_env.update(HPCDIST_SHM="1", HPCDIST_SHM_SLOT="64")
             proc = subprocess.Popen(cmd, cwd=ROOT, env=stage_env, start_new_session=True)
             try:
                 rc = proc.wait(timeout=limit)

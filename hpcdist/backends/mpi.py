@@ -321,8 +321,9 @@ def _factory(pg: Any, device_type: str) -> Any:
 
         return cuda_engine(pg, device_type)
     from .hierarchical import hierarchical_or_none
+    from .shm import host_engine  # shared memory on a node where it wins (HPCDIST_SHM), else this MPIEngine
 
-    return hierarchical_or_none(pg, device_type) or MPIEngine(pg, device_type)
+    return hierarchical_or_none(pg, device_type) or host_engine(pg, device_type)
 
 
 register_builtin("mpi", _factory, ("cpu", "cuda"))
