@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ... import config
+from ..._world import WORLD
 from ...buffers.adapters import Buf
 from ...buffers.dtypes import HALF_DTYPES
 from ...ops import ResolvedOp
@@ -36,9 +37,11 @@ __all__ = ["ShmEngine", "host_engine"]
 
 
 def host_engine(pg: Any, device_type: str = "cpu") -> MPIEngine:
-    """The engine of ``pg`` for host arrays: :class:`ShmEngine`, or the plain MPI engine (``HPCDIST_SHM=0``, 1 rank)."""
+    """The engine of ``pg`` for host arrays: :class:`ShmEngine`, or the plain MPI engine (``HPCDIST_SHM=0``, 1 rank,
+    or a world joined over MPI ports, where MPI refuses shared windows: "processes are not in the same shared
+    memory domain")."""
     mode = config.shm_mode()
-    if mode == "off" or pg._size < 2:
+    if mode == "off" or pg._size < 2 or WORLD.launcher is None:
         return MPIEngine(pg, device_type)
     return ShmEngine(pg, device_type, mode)
 
