@@ -68,13 +68,10 @@ def rank_main(sizes: list[int], repeat: int) -> None:
         x = np.ones(max(1, nbytes // 4), dtype=np.float32)
         iters = max(3, min(200, (64 << 20) // max(nbytes, 1) // 4))
 
-        def raw() -> None:
-            comm.Allreduce(MPI.IN_PLACE, [x, MPI.FLOAT], MPI.SUM)
-
         cases = {
-            "mpi4py": raw,
-            "flat": lambda: dist.all_reduce(x, group=flat),
-            "hier": lambda: dist.all_reduce(x, group=hier),
+            "mpi4py": lambda x=x: comm.Allreduce(MPI.IN_PLACE, [x, MPI.FLOAT], MPI.SUM),
+            "flat": lambda x=x: dist.all_reduce(x, group=flat),
+            "hier": lambda x=x: dist.all_reduce(x, group=hier),
         }
         times: dict[str, list[float]] = {k: [] for k in cases}
         for fn in cases.values():  # warm up: engines, topology, connections
@@ -101,7 +98,6 @@ def rank_main(sizes: list[int], repeat: int) -> None:
 
 
 def launch(args: argparse.Namespace) -> list[dict]:
-    cluster = os.environ.get("HPCDIST_CLUSTER", "hpcdist")
     nodes, per = args.nodes, args.per_node
     world = nodes * per
     procs = []
@@ -164,10 +160,16 @@ def main() -> int:
         return 0
     rows = launch(args)
     n = args.nodes * args.per_node
-    print(f"# all_reduce float32 SUM, {args.nodes} nodes x {args.per_node} ranks (scripts/cluster-up), MPI over TCP; {date.today()}")
-    print(f"# {platform.node()}: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; median of {args.repeat}")
+    print(
+        f"# all_reduce float32 SUM, {args.nodes} nodes x {args.per_node} ranks (scripts/cluster-up), MPI over TCP; {date.today()}"
+    )
+    print(
+        f"# {platform.node()}: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; median of {args.repeat}"
+    )
     print("# busbw = 2 (n-1)/n x bytes / time; speed-up = flat time / hierarchical time")
-    print("| size | mpi4py Allreduce (ms) | hpcdist flat (ms) | hpcdist hierarchical (ms) | flat busbw (GB/s) | hier busbw (GB/s) | speed-up |")
+    print(
+        "| size | mpi4py Allreduce (ms) | hpcdist flat (ms) | hpcdist hierarchical (ms) | flat busbw (GB/s) | hier busbw (GB/s) | speed-up |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         bw = 2 * (n - 1) / n * r["bytes"] / 1e9
