@@ -33,6 +33,7 @@ from ._queries import (
 )
 from ._version import __version__
 from .backends import Backend
+from .bucketing import all_reduce_bucketed, bucket_indices
 from .collectives import (
     all_gather,
     all_gather_coalesced,
@@ -117,6 +118,7 @@ __all__ = [
     "all_gather_object",
     "all_gather_single",
     "all_reduce",
+    "all_reduce_bucketed",
     "all_reduce_coalesced",
     "all_to_all",
     "all_to_all_single",
@@ -124,6 +126,7 @@ __all__ = [
     "batch_isend_irecv",
     "breakpoint",
     "broadcast",
+    "bucket_indices",
     "broadcast_object_list",
     "cuda_aware_mpi",
     "destroy_process_group",

@@ -97,8 +97,7 @@ def node_local_rank(pg: Any) -> int:
     """Rank among the ranks of ``pg`` on this node (``MPI_Comm_split_type`` SHARED, bounded by the group's
     timeout); cached on the group, so every rank enters the split the same number of times."""
     if pg._node_local is None:
-        from ._timed import timed_split_shared
+        from .topology import local_rank_size, node_of_ranks
 
-        hint = "get_node_local_rank() is collective the first time on a group: every rank must call it"
-        pg._node_local = timed_split_shared(pg._comm, pg._timeout_s, "get_node_local_rank", hint)[0]
+        pg._node_local = local_rank_size(node_of_ranks(WORLD.node_of, pg._ranks), pg._rank)[0]
     return int(pg._node_local)

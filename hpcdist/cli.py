@@ -1,4 +1,4 @@
-"""The ``hpcdist`` command: ``hpcdist run | info | debug`` (also ``python -m hpcdist``).
+"""The ``hpcdist`` command: ``hpcdist run | info | bench | debug`` (also ``python -m hpcdist``).
 
 Subcommands live in a registry (name -> module path and one-line help); each
 module has ``main(argv) -> int``. Modules are imported only when their
@@ -16,6 +16,7 @@ __all__ = ["SUBCOMMANDS", "main"]
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("hpcdist.launch.run", "launch N ranks of a script or module (mpiexec, or srun inside Slurm)"),
     "info": ("hpcdist.info", "versions, MPI library, launcher, GPU support, environment (--json)"),
+    "bench": ("hpcdist.bench", "time collectives x sizes x ranks beside raw mpi4py and gloo (under mpiexec)"),
     "debug": ("hpcdist.debug_analyze", "analyze DIR: where a stuck job's ranks diverge (flight recorder dumps)"),
 }
 

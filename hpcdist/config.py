@@ -36,6 +36,21 @@ Knobs are read when asked for (never at import time), so a program may set
 ``HPCDIST_FLIGHT_DUMP``          ``1`` (default): dump on a timeout error
                                  or an abort; ``0``: only on SIGUSR2 and
                                  ``dump_flight_recorder()``
+``HPCDIST_HIER``                 hierarchical collectives for host arrays
+                                 of groups spanning several nodes: ``auto``
+                                 (default: from ``HPCDIST_HIER_MIN_BYTES``),
+                                 ``1`` (at every size) or ``0`` (never)
+``HPCDIST_HIER_MIN_BYTES``       the smallest message (bytes) that takes
+                                 the hierarchical path in ``auto`` mode
+``HPCDIST_NODE_ID``              this process's node identity, overriding
+                                 host name + boot id + /dev/shm
+                                 (:mod:`hpcdist.topology`)
+``HPCDIST_SHM``                  host collectives of ranks on one node:
+                                 unset/``auto`` (the measured table picks
+                                 shared memory or MPI per op and size),
+                                 ``1`` (shared memory always), ``0`` (MPI)
+``HPCDIST_SHM_SLOT``             bytes per rank and pipeline stage of the
+                                 shared-memory segment (default 1 MiB)
 ===============================  ===========================================
 """
 
@@ -54,8 +69,11 @@ __all__ = [
     "flight_dir",
     "flight_dump_on_error",
     "flight_recorder_size",
+    "hierarchical_min_bytes",
     "nccl_watchdog_enabled",
     "object_unpickler",
+    "shm_mode",
+    "shm_slot_bytes",
     "wait_mode",
 ]
 
@@ -73,6 +91,11 @@ KNOBS: dict[str, str] = {
     "HPCDIST_FLIGHT_RECORDER": "entries kept per group by the flight recorder (2000; 0: off)",
     "HPCDIST_FLIGHT_DIR": "directory of flight recorder dumps (./hpcdist-flight)",
     "HPCDIST_FLIGHT_DUMP": "1: dump the flight recorder on a timeout or an abort (default); 0: off",
+    "HPCDIST_HIER": "auto (default) | 1 | 0: hierarchical collectives across nodes (docs/multinode.md)",
+    "HPCDIST_HIER_MIN_BYTES": "smallest message for the hierarchical path in auto mode (default 262144)",
+    "HPCDIST_NODE_ID": "node identity override (default: host name + boot id + /dev/shm)",
+    "HPCDIST_SHM": "auto (default: the measured table) | 1 (shared memory always) | 0 (MPI only), on one node",
+    "HPCDIST_SHM_SLOT": "bytes per rank and pipeline stage of the shared-memory segment (1048576)",
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -182,3 +205,52 @@ def flight_dir() -> str:
 def flight_dump_on_error() -> bool:
     """Whether a timeout error or an abort dumps the flight recorder (``HPCDIST_FLIGHT_DUMP``)."""
     return bool(env_flag("HPCDIST_FLIGHT_DUMP", True))
+
+
+#: below this many bytes the flat MPI call wins (one step instead of three); measured on the simulated
+#: 2 x 2 cluster (docs/benchmarks/hierarchical.md)
+DEFAULT_HIER_MIN_BYTES = 256 * 1024
+
+
+def hierarchical_min_bytes() -> int | None:
+    """The smallest message for hierarchical collectives (``HPCDIST_HIER``/``HPCDIST_HIER_MIN_BYTES``); None: off."""
+    mode = os.environ.get("HPCDIST_HIER", "auto").strip().lower()
+    if mode not in ("auto", "1", "0"):
+        raise ValueError(f"HPCDIST_HIER must be 'auto', '1' or '0', got {mode!r}")
+    if mode == "0":
+        return None
+    if mode == "1":
+        return 0
+    raw = os.environ.get("HPCDIST_HIER_MIN_BYTES", "").strip()
+    if not raw:
+        return DEFAULT_HIER_MIN_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"HPCDIST_HIER_MIN_BYTES must be a number of bytes, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"HPCDIST_HIER_MIN_BYTES must be >= 0, got {value}")
+    return value
+
+
+def shm_mode() -> str:
+    """``auto``, ``on`` or ``off`` (``HPCDIST_SHM``), read when a group's host engine is built."""
+    raw = os.environ.get("HPCDIST_SHM", "").strip().lower()
+    if raw in ("", "auto"):
+        return "auto"
+    flag = env_flag("HPCDIST_SHM", None)
+    return "on" if flag else "off"
+
+
+def shm_slot_bytes() -> int:
+    """Bytes per rank and pipeline stage of a shared-memory segment (``HPCDIST_SHM_SLOT``)."""
+    raw = os.environ.get("HPCDIST_SHM_SLOT", "").strip()
+    if not raw:
+        return 1 << 20
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable HPCDIST_SHM_SLOT must be a number of bytes, got {raw!r}") from None
+    if value < 64 or value % 64:
+        raise ValueError(f"environment variable HPCDIST_SHM_SLOT must be a multiple of 64 bytes >= 64, got {raw!r}")
+    return value

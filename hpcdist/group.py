@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import config
-from ._timed import guarded, timed_members_barrier, timed_split_shared, watched
+from ._timed import guarded, timed_members_barrier, watched
 from ._world import WORLD, not_initialized
 from .backends import backend_factory, parse_backend
 from .flight import new_ring
@@ -437,8 +437,10 @@ def new_subgroups(
     if parent is None:
         raise ValueError("new_subgroups: this rank is not a member of the parent group")
     tmo = _check_timeout(timeout)
-    if group_size is None:  # the node's size: a collective of its own, bounded like the split
-        group_size = timed_split_shared(parent._comm, tmo.total_seconds(), "new_subgroups", GROUP_HINT)[1]
+    if group_size is None:  # the parent's ranks on this node (hpcdist.topology: right without a launcher too)
+        from .topology import local_rank_size, node_of_ranks
+
+        group_size = local_rank_size(node_of_ranks(WORLD.node_of, parent._ranks), parent._rank)[1]
     if isinstance(group_size, bool) or not isinstance(group_size, int):
         raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
     n = parent.size()

@@ -204,6 +204,27 @@ def _environment(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def _shared_memory() -> dict[str, Any]:
+    """The shared-memory engine's setting and the path each host collective takes (ranks on one node)."""
+    from . import config
+    from .backends.shm import table
+
+    try:
+        mode = config.shm_mode()
+    except ValueError as exc:
+        return {"error": str(exc)}
+    out: dict[str, Any] = {
+        "mode": {"auto": "auto (the table)", "on": "on (HPCDIST_SHM=1)", "off": "off (HPCDIST_SHM=0)"}[mode]
+    }
+    try:
+        out["slot_bytes"] = config.shm_slot_bytes()
+    except ValueError as exc:
+        out["slot_bytes"] = str(exc)
+    out["table"] = f"{table.MACHINE}; {table.DATE}"
+    out["paths"] = {op: "; ".join(f"{k} ranks: {table.describe(op, k, mode)}" for k in (2, 4)) for op in table.OPS}
+    return out
+
+
 def collect(env: Mapping[str, str] | None = None, initialize_mpi: bool = False) -> dict[str, Any]:
     """Everything ``hpcdist info`` reports, as a JSON-ready dict.
 
@@ -222,6 +243,7 @@ def collect(env: Mapping[str, str] | None = None, initialize_mpi: bool = False) 
         "launcher": _launcher(env),
         "gpu": {**_cuda_aware(), "torch": _torch(), "cupy": _cupy()},
         "packages": {name: _version(name) for name in ("numpy", "h5py", "matplotlib", "tqdm", "mpich")},
+        "shared_memory": _shared_memory(),
         "environment": _environment(env),
     }
 

@@ -2,7 +2,8 @@
 
 Stages: lint (ruff), types (mypy), unit tests, MPI tests under ``mpiexec`` at
 1, 2, 3 and 4 ranks, the checkpoint tests with parallel HDF5 (``mpio``, when
-scripts/h5py-mpi has built h5py with MPI), integration tests (they launch their own processes),
+scripts/h5py-mpi has built h5py with MPI), the collectives' tests at 4 ranks forced through the
+shared-memory engine (``HPCDIST_SHM=1``), integration tests (they launch their own processes),
 GPU tests (skip without a GPU), the Sphinx docs with warnings as errors.
 Prints one closing line ``N passed, N failed, N skipped`` summed over the
 pytest stages; exits non-zero when any stage failed.
@@ -50,6 +51,11 @@ def stages(ranks: list[int], tmp: Path) -> list[tuple[str, list[str], Path | Non
     mpio = mpio_stage(tmp)
     if mpio is not None:
         out.append(mpio)
+    if 4 in ranks:  # the collectives' matrix once more, forced through shared memory with 64-byte slots (many chunks)
+        xml = tmp / "shm4.xml"
+        tests = ["tests/mpi/test_collectives.py", "tests/mpi/test_bucketing.py"]
+        cmd = [mpiexec, "-n", "4", PY, str(ROOT / "tests" / "mpi_pytest.py"), "-q", *tests, f"--junitxml={xml}"]
+        out.append(("shm-4", cmd, xml, 600))
     out.append(
         (
             "integration",
@@ -138,6 +144,8 @@ def main() -> int:
                 stage_env["HPCDIST_WAIT"] = name.rsplit("-", 1)[1]
             elif name == "mpio":
                 stage_env = mpio_env(stage_env)
+            elif name.startswith("shm-"):
+                stage_env.update(HPCDIST_SHM="1", HPCDIST_SHM_SLOT="64")
             proc = subprocess.Popen(cmd, cwd=ROOT, env=stage_env, start_new_session=True)
             try:
                 rc = proc.wait(timeout=limit)

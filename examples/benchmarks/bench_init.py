@@ -9,7 +9,14 @@ ports (``hpcdist-preinit``: the same with mpi4py imported, so MPI initialised,
 before the clock starts); torch's is gloo's ``init_process_group`` (TCP store, gloo
 connections). Each run ends with a check all_reduce (not timed).
 
-Usage: python examples/benchmarks/bench_init.py [--sizes 2,4,8] [--repeat 3] [--lib hpcdist,torch]
+``--phases`` adds a second table: where hpcdist's time goes, per phase, in
+the ``hpcdist`` runs (slowest rank's phase, median over runs): ``MPI_Init``
+(importing mpi4py.MPI), the TCP store (rank 0 serves it, the others
+connect), the rank claim and arrival round trips through the store, the
+connect/accept/merge rounds over MPI ports (``ceil(log2 N)``), and the rest
+of ``init_process_group`` (communicator dup, node layout, torchrun variables).
+
+Usage: python examples/benchmarks/bench_init.py [--sizes 2,4,8] [--repeat 3] [--lib hpcdist,torch] [--phases]
 """
 
 from __future__ import annotations
@@ -34,8 +41,38 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+PHASES = ("MPI_Init", "store", "claim+arrival", "port rounds", "rest")
+
+
+def timed(phases: dict[str, float], mod, name: str, phase: str) -> None:
+    """Wrap ``mod.name`` so that the seconds spent in it add up under ``phase``."""
+    fn = getattr(mod, name)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            phases[phase] = phases.get(phase, 0.0) + time.perf_counter() - t0
+
+    setattr(mod, name, wrapper)
+
+
+def instrument(phases: dict[str, float]) -> None:
+    """Time the phases of hpcdist's init_process_group (see the module docstring)."""
+    import importlib
+
+    handlers = importlib.import_module("hpcdist.rendezvous.handlers")
+    ports = importlib.import_module("hpcdist.rendezvous.ports")
+    timed(phases, handlers, "make_tcp_store", "store")
+    timed(phases, ports, "_claim_rank", "claim+arrival")
+    timed(phases, ports, "arrive", "claim+arrival")
+    timed(phases, ports, "_merge_round", "port rounds")
+
+
 def child(lib: str, rank: int, n: int, port: int, barrier, out) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    phases: dict[str, float] = {}
     try:
         if lib.startswith("hpcdist"):
             import numpy as np
@@ -43,7 +80,9 @@ def child(lib: str, rank: int, n: int, port: int, barrier, out) -> None:
             import hpcdist as dist
 
             if lib == "hpcdist-preinit":
-                from mpi4py import MPI  # noqa: F401  (MPI_Init before the clock starts)
+                from mpi4py import MPI
+            else:
+                instrument(phases)
             x = np.ones(1)
         else:
             import torch
@@ -52,18 +91,24 @@ def child(lib: str, rank: int, n: int, port: int, barrier, out) -> None:
             x = torch.ones(1)
         barrier.wait(timeout=120)
         t0 = time.perf_counter()
+        if lib == "hpcdist":
+            from mpi4py import MPI  # noqa: F401  (what init_process_group would import first: MPI_Init)
+
+            phases["MPI_Init"] = time.perf_counter() - t0
         dist.init_process_group("gloo", timeout=timedelta(seconds=120))
         elapsed = time.perf_counter() - t0
+        if phases:
+            phases["rest"] = elapsed - sum(phases.values())
         dist.all_reduce(x)
         ok = float(x[0]) == n
         dist.destroy_process_group()
-        out.put((rank, elapsed, ok, ""))
+        out.put((rank, elapsed, ok, "", phases))
     except BaseException as exc:
-        out.put((rank, float("nan"), False, f"{type(exc).__name__}: {exc}"))
+        out.put((rank, float("nan"), False, f"{type(exc).__name__}: {exc}", {}))
 
 
-def one_run(lib: str, n: int, limit: float) -> float:
-    """Seconds the slowest rank spent in init_process_group."""
+def one_run(lib: str, n: int, limit: float) -> tuple[float, dict[str, float]]:
+    """Seconds the slowest rank spent in init_process_group, and the slowest rank's time per phase."""
     out = CTX.Queue()
     barrier = CTX.Barrier(n)
     port = free_port()
@@ -71,12 +116,15 @@ def one_run(lib: str, n: int, limit: float) -> float:
     for p in procs:
         p.start()
     times = []
+    phases: dict[str, float] = {}
     try:
         for _ in range(n):
-            rank, elapsed, ok, err = out.get(timeout=limit)
+            rank, elapsed, ok, err, ph = out.get(timeout=limit)
             if not ok:
                 raise RuntimeError(f"{lib} rank {rank} of {n}: {err or 'wrong all_reduce result'}")
             times.append(elapsed)
+            for k, v in ph.items():
+                phases[k] = max(phases.get(k, 0.0), v)
     except queue.Empty:
         raise RuntimeError(f"{lib} with {n} processes did not finish within {limit:g} s") from None
     finally:
@@ -84,7 +132,7 @@ def one_run(lib: str, n: int, limit: float) -> float:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    return max(times)
+    return max(times), phases
 
 
 def main() -> int:
@@ -93,6 +141,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--lib", default="hpcdist,hpcdist-preinit,torch")
     ap.add_argument("--limit", type=float, default=180.0, help="seconds allowed per run")
+    ap.add_argument("--phases", action="store_true", help="also print where hpcdist's time goes")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     libs = [s for s in args.lib.split(",") if s]
@@ -116,13 +165,25 @@ def main() -> int:
     header = "| processes | " + " | ".join(f"{lib} (ms)" for lib in libs) + " |"
     print(header)
     print("|" + "---|" * (len(libs) + 1))
+    per_phase: dict[int, dict[str, list[float]]] = {}
     for n in sizes:
         runs: dict[str, list[float]] = {lib: [] for lib in libs}
+        per_phase[n] = {p: [] for p in PHASES}
         for _ in range(args.repeat):  # interleaved, so that load from elsewhere hits every library alike
             for lib in libs:
-                runs[lib].append(one_run(lib, n, args.limit))
+                elapsed, phases = one_run(lib, n, args.limit)
+                runs[lib].append(elapsed)
+                for p, v in phases.items():
+                    per_phase[n][p].append(v)
         cells = [f"{1000 * statistics.median(r):.0f} ({1000 * min(r):.0f}-{1000 * max(r):.0f})" for r in runs.values()]
         print(f"| {n} | " + " | ".join(cells) + " |", flush=True)
+    if args.phases and "hpcdist" in libs:
+        print("\n# where hpcdist's time goes (ms; slowest rank per phase, median of the runs)")
+        print("| processes | " + " | ".join(PHASES) + " |")
+        print("|" + "---|" * (len(PHASES) + 1))
+        for n in sizes:
+            cells = [f"{1000 * statistics.median(v):.1f}" if v else "-" for v in per_phase[n].values()]
+            print(f"| {n} | " + " | ".join(cells) + " |", flush=True)
     return 0
 
 

@@ -337,7 +337,10 @@ def _factory(pg: Any, device_type: str) -> Any:
         from .mpi_cuda import cuda_engine
 
         return cuda_engine(pg, device_type)
-    return MPIEngine(pg, device_type)
+    from .hierarchical import hierarchical_or_none
+    from .shm import host_engine  # shared memory on a node where it wins (HPCDIST_SHM), else this MPIEngine
+
+    return hierarchical_or_none(pg, device_type) or host_engine(pg, device_type)
 
 
 register_builtin("mpi", _factory, ("cpu", "cuda"))

@@ -1,7 +1,7 @@
 """Which GPU this rank uses.
 
 :func:`device_for_local_rank` maps the node-local rank (``LOCAL_RANK``, else
-``MPI_Comm_split_type(COMM_TYPE_SHARED)``) onto the devices this process can
+the ranks of this node by :mod:`hpcdist.topology`) onto the devices this process can
 see: ``local_rank % visible``. CUDA ordinals already count only the devices
 ``CUDA_VISIBLE_DEVICES`` lists, so a launcher that gives each rank its own
 GPU (``srun --gpus-per-task=1``, ``CUDA_VISIBLE_DEVICES=3``) yields ordinal 0

@@ -16,7 +16,7 @@ import socket
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from hpcdist._timed import INIT_HINT, timed_bcast_json, timed_split_shared
+from hpcdist._timed import INIT_HINT, timed_bcast_json
 from hpcdist.errors import DistStoreError
 
 if TYPE_CHECKING:
@@ -30,9 +30,15 @@ LOOPBACK = "127.0.0.1"
 
 
 def all_on_one_node(comm: MPI.Intracomm, timeout: timedelta) -> bool:
-    """True when every rank of ``comm`` shares one node (collective over ``comm``, bounded by ``timeout``)."""
-    _, local_size = timed_split_shared(comm, timeout.total_seconds(), "init_process_group (group store)", INIT_HINT)
-    return local_size == comm.Get_size()
+    """True when every rank of ``comm`` shares one node (collective over ``comm``, bounded by ``timeout``).
+
+    By :func:`hpcdist.topology.node_identity`, not ``Split_type`` alone: in a
+    world joined without a launcher MPI may call two hosts one node, and a
+    store bound to loopback would be out of the other host's reach.
+    """
+    from hpcdist.topology import node_layout
+
+    return len(set(node_layout(comm, timeout.total_seconds()))) == 1
 
 
 def host_address() -> str:

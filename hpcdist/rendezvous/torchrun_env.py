@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from hpcdist._timed import INIT_HINT, timed_bcast_json, timed_split_shared
+from hpcdist._timed import INIT_HINT, timed_bcast_json
 from hpcdist.config import default_timeout
 from hpcdist.rendezvous.group_store import host_address
 
@@ -50,14 +51,24 @@ def _master(store: Store | None, single_node: bool) -> tuple[str, str]:
 
 
 def export_torchrun_env(
-    comm: MPI.Intracomm, rank: int, world_size: int, *, store: Store | None = None, timeout: timedelta | None = None
+    comm: MPI.Intracomm,
+    rank: int,
+    world_size: int,
+    *,
+    store: Store | None = None,
+    timeout: timedelta | None = None,
+    node_of: Sequence[int] | None = None,
 ) -> None:
     """Set torchrun's variables in ``os.environ`` from the joined world.
 
-    SPMD: collective over ``comm`` (a node-local split and one broadcast),
-    bounded by ``timeout`` (default: ``HPCDIST_TIMEOUT``).
+    SPMD: collective over ``comm`` (one broadcast, and the node layout when
+    ``node_of``, the node index of every rank from
+    :func:`hpcdist.topology.node_layout`, is not given), bounded by
+    ``timeout`` (default: ``HPCDIST_TIMEOUT``).
     ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` are set to the
-    truth (rewritten only when they differ). ``MASTER_ADDR``/``MASTER_PORT``
+    truth (rewritten only when they differ); the node-local ones count the
+    ranks of this node by :func:`hpcdist.topology.node_identity`, so they are
+    right in worlds joined without a launcher too. ``MASTER_ADDR``/``MASTER_PORT``
     are rank 0's: its values when it has them set, else the host of the TCP
     ``store`` when given (else rank 0's host, 127.0.0.1 on a single node) and
     a port that was free on rank 0 (never the store's own port); every rank
@@ -65,7 +76,10 @@ def export_torchrun_env(
     """
     limit = (timeout or default_timeout()).total_seconds()
     what = "init_process_group (torchrun environment)"
-    local_rank, local_size = timed_split_shared(comm, limit, what, INIT_HINT)
+    from hpcdist.topology import local_rank_size, node_layout
+
+    nodes = node_layout(comm, limit) if node_of is None else node_of
+    local_rank, local_size = local_rank_size(nodes, comm.Get_rank())
     single_node = local_size == world_size
     master = _master(store, single_node) if comm.Get_rank() == 0 else None
     addr, port = timed_bcast_json(comm, master, 0, limit, what, INIT_HINT)

@@ -1,0 +1,270 @@
+"""Hierarchical collectives for host arrays of groups that span several nodes.
+
+Across nodes the network is the scarce resource. A flat MPI collective over
+``n`` nodes of ``k`` ranks each sends every rank's data over it; the
+hierarchical one sends only one copy per node:
+
+``all_reduce``
+    node-local reduce to the node's leader (its lowest group rank) ->
+    reduce-scatter + all-gather among the leaders over MPI -> node-local
+    broadcast from the leader.
+``broadcast``
+    node-local broadcast on the root's node (from the root) -> broadcast
+    among the leaders from the root node's leader -> node-local broadcast on
+    every other node.
+``all_gather_into_tensor``
+    node-local gather to the leader -> all-gather of node blocks among the
+    leaders -> node-local broadcast of the whole result.
+``reduce_scatter_tensor``
+    node-local reduce of the whole input to the leader -> reduce-scatter of
+    node blocks among the leaders -> node-local scatter.
+
+**Bitwise identical everywhere.** Every element of a reduction is computed by
+exactly one rank — the node step's root for its node, then the one leader
+that owns the element's slice in the leaders' reduce-scatter — and only
+copies travel after that, so every rank gets the same bits. float16/bfloat16
+are reduced in float32, PREMUL_SUM multiplies first and AVG divides last, as
+on the flat MPI path (:mod:`hpcdist.buffers.reduction`).
+
+**The node-local steps are a seam.** They run on the group's *node group*, a
+:class:`~hpcdist.group.ProcessGroup` over the ranks of this node, through
+that group's own engine (``reduce``, ``broadcast``, ``gather``,
+``scatter``): the MPI engine today, a shared-memory engine wherever one is
+chosen for one-node groups, with no change here.
+
+**When it runs.** For a group whose ranks lie on two or more nodes with two or
+more ranks on some node (by :mod:`hpcdist.topology`, known on every rank
+without a message), for blocking calls of at least ``HPCDIST_HIER_MIN_BYTES``
+(``HPCDIST_HIER=1``: every size; ``0``: never). Other calls, and
+``async_op=True`` calls (which keep the flat non-blocking MPI call, so they
+overlap with computation), take the flat MPI path. The node and leader
+communicators are split from the group's on its first hierarchical call,
+which, like every collective, all ranks of the group make.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import config
+from .._world import WORLD
+from ..buffers.adapters import Buf
+from ..buffers.dtypes import mpi_datatype
+from ..buffers.reduction import finish_reduce, prepare
+from ..ops import ResolvedOp
+from ..topology import node_of_ranks
+from ..work import Work, timeout_error, wait_requests
+from .mpi import MPIEngine, _displs, _mpi_op
+
+__all__ = ["HierarchicalEngine", "NodeTopology", "spans_nodes"]
+
+from mpi4py import MPI
+
+
+def spans_nodes(pg: Any) -> bool:
+    """Whether ``pg`` has ranks on two or more nodes and two or more ranks on some node (no messages)."""
+    if not WORLD.node_of:
+        return False
+    nodes = node_of_ranks(WORLD.node_of, pg._ranks)
+    n = max(nodes) + 1
+    return 1 < n < len(nodes)
+
+
+class NodeTopology:
+    """The nodes of one group, as seen from this rank (collective to build: two ``Split`` s of the group's comm).
+
+    ``node_pg``: the ranks of this node, a ProcessGroup whose engine runs
+    the node-local steps; ``leaders``: the communicator of the nodes' lowest
+    group ranks (COMM_NULL elsewhere); ``order``: the group ranks node by
+    node (node-major), and ``identity`` whether that is plain rank order.
+    """
+
+    def __init__(self, pg: Any) -> None:
+        from ..group import ProcessGroup
+
+        nodes = node_of_ranks(WORLD.node_of, pg._ranks)
+        me = nodes[pg._rank]
+        self.n_nodes = max(nodes) + 1
+        self.members = [[r for r, n in enumerate(nodes) if n == j] for j in range(self.n_nodes)]
+        self.node = me
+        self.node_rank = self.members[me].index(pg._rank)
+        self.is_leader = self.node_rank == 0
+        self.order = [r for block in self.members for r in block]
+        self.identity = self.order == list(range(len(nodes)))
+        self.sizes = [len(b) for b in self.members]
+        node_comm = pg._comm.Split(me, pg._rank)
+        self.leaders = pg._comm.Split(0 if self.is_leader else MPI.UNDEFINED, pg._rank)
+        self.node_pg = ProcessGroup(
+            node_comm,
+            [pg._ranks[r] for r in self.members[me]],
+            timeout=pg._timeout,
+            backend={"cpu": pg._backend_map.get("cpu", "mpi")},
+            backend_str=pg._backend_str,
+            group_name=f"{pg.group_name}/node{me}",
+            group_desc="node-local steps of hierarchical collectives",
+        )
+        self.node_pg._block = pg._block
+
+    @property
+    def steps(self) -> Any:
+        """The engine of the node group: the node-local steps."""
+        return self.node_pg.engine("cpu")
+
+    def close(self) -> None:
+        self.node_pg._free()
+        if self.leaders != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.leaders.Free()
+
+
+def _plain(rop: ResolvedOp) -> ResolvedOp:
+    """The op of the intermediate steps: MPI's op alone (premultiply before, average after)."""
+    return rop if rop.plain else ResolvedOp(rop.kind, rop.mpi_name)
+
+
+def _buf(arr: np.ndarray) -> Buf:
+    return Buf(arr, arr, arr.dtype.name)
+
+
+def _split(count: int, parts: int) -> list[int]:
+    """``count`` elements in ``parts`` nearly equal consecutive slices."""
+    q, r = divmod(count, parts)
+    return [q + (1 if i < r else 0) for i in range(parts)]
+
+
+class HierarchicalEngine(MPIEngine):
+    """The MPI engine, with hierarchical all_reduce, broadcast, all_gather_into_tensor and
+    reduce_scatter_tensor for blocking calls from ``HPCDIST_HIER_MIN_BYTES`` (see the module docstring)."""
+
+    def __init__(self, pg: Any, device_type: str = "cpu") -> None:
+        super().__init__(pg, device_type)
+        self.min_bytes = config.hierarchical_min_bytes()
+        self._topo: NodeTopology | None = None
+
+    def _use(self, sync: bool, nbytes: int) -> NodeTopology | None:
+        """The topology when this call goes hierarchical (same answer on every rank: sizes agree), else None."""
+        if not sync or self.min_bytes is None or nbytes < self.min_bytes:
+            return None
+        topo = self._topo
+        if topo is None:
+            topo = self._topo = NodeTopology(self.pg)
+        return topo
+
+    def close(self) -> None:
+        if self._topo is not None:
+            self._topo.close()
+            self._topo = None
+
+    def _leaders_wait(self, req: Any, name: str) -> None:
+        pg = self.pg
+        if not req.Test() and not wait_requests([req], pg._timeout_s):
+            raise timeout_error((f"{name} (among node leaders)", pg), pg._timeout_s)
+
+    # -- all_reduce ----------------------------------------------------------------------
+
+    def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
+        topo = self._use(sync, buf.arr.nbytes)
+        if topo is None:
+            return super().all_reduce(buf, rop, sync)
+        work = prepare(buf, rop, copy=False).reshape(-1)
+        wbuf, plain = _buf(work), _plain(rop)
+        steps = topo.steps
+        steps.reduce(wbuf, 0, plain, sync=True)
+        if topo.is_leader:
+            self._leaders_all_reduce(topo.leaders, work, plain)
+        steps.broadcast(wbuf, 0, sync=True)
+        finish_reduce(buf, work, rop, self.pg._size)
+        return None
+
+    def _leaders_all_reduce(self, comm: Any, work: np.ndarray, rop: ResolvedOp) -> None:
+        """Reduce-scatter then all-gather: each element reduced by one leader, so all get the same bits."""
+        counts = _split(work.size, comm.Get_size())
+        displs = _displs(counts)
+        mt = mpi_datatype(work.dtype)
+        me = comm.Get_rank()
+        mine = np.empty(counts[me], dtype=work.dtype)
+        req = comm.Ireduce_scatter([work, mt], [mine, mt], counts, _mpi_op(rop.mpi_name))
+        self._leaders_wait(req, "all_reduce")
+        req = comm.Iallgatherv([mine, mt], [work, (counts, displs), mt])
+        self._leaders_wait(req, "all_reduce")
+
+    # -- broadcast -----------------------------------------------------------------------
+
+    def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work | None:
+        topo = self._use(sync, buf.arr.nbytes)
+        if topo is None:
+            return super().broadcast(buf, root, sync)
+        root_node = next(j for j, block in enumerate(topo.members) if root in block)
+        flat = _buf(buf.arr.reshape(-1))
+        if topo.node == root_node:
+            topo.steps.broadcast(flat, topo.members[root_node].index(root), sync=True)
+        if topo.is_leader:
+            mt = mpi_datatype(buf.arr.dtype)
+            self._leaders_wait(topo.leaders.Ibcast([flat.arr, mt], root_node), "broadcast")
+        if topo.node != root_node:
+            topo.steps.broadcast(flat, 0, sync=True)
+        if buf.writeback is not None and self.pg._rank != root:
+            buf.writeback()
+        return None
+
+    # -- all_gather_into_tensor ----------------------------------------------------------
+
+    def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work | None:
+        topo = self._use(sync, out.arr.nbytes)
+        if topo is None:
+            return super().all_gather_into(out, inp, sync)
+        m = inp.arr.size
+        whole = out.arr.reshape(-1) if topo.identity else np.empty(out.arr.size, dtype=out.arr.dtype)
+        k = topo.sizes[topo.node]
+        start = sum(topo.sizes[: topo.node]) * m  # this node's block in node-major order
+        block = whole[start : start + k * m]
+        outs = [_buf(block[i * m : (i + 1) * m]) for i in range(k)] if topo.is_leader else None
+        topo.steps.gather(_buf(inp.arr.reshape(-1)), outs, 0, sync=True)
+        if topo.is_leader:
+            mt = mpi_datatype(out.arr.dtype)
+            counts = [s * m for s in topo.sizes]
+            req = topo.leaders.Iallgatherv(MPI.IN_PLACE, [whole, (counts, _displs(counts)), mt])
+            self._leaders_wait(req, "all_gather_into_tensor")
+        topo.steps.broadcast(_buf(whole), 0, sync=True)
+        if not topo.identity:  # node-major -> rank order
+            dst = out.arr.reshape(len(topo.order), m)
+            dst[topo.order] = whole.reshape(len(topo.order), m)
+        if out.writeback is not None:
+            out.writeback()
+        return None
+
+    # -- reduce_scatter_tensor -----------------------------------------------------------
+
+    def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
+        topo = self._use(sync, inp.arr.nbytes)
+        if topo is None:
+            return super().reduce_scatter_tensor(out, inp, rop, sync)
+        m = out.arr.size
+        n = len(topo.order)
+        # the node's root reduces in place: never into the caller's input
+        work = prepare(inp, rop, copy=topo.is_leader).reshape(-1)
+        if not topo.identity:
+            work = np.ascontiguousarray(work.reshape(n, m)[topo.order]).reshape(-1)
+        plain = _plain(rop)
+        topo.steps.reduce(_buf(work), 0, plain, sync=True)
+        k = topo.sizes[topo.node]
+        ins: list[Buf] | None = None
+        if topo.is_leader:
+            mine = np.empty(k * m, dtype=work.dtype)
+            mt = mpi_datatype(work.dtype)
+            counts = [s * m for s in topo.sizes]
+            req = topo.leaders.Ireduce_scatter([work, mt], [mine, mt], counts, _mpi_op(plain.mpi_name))
+            self._leaders_wait(req, "reduce_scatter_tensor")
+            ins = [_buf(mine[i * m : (i + 1) * m]) for i in range(k)]
+        recv = np.empty(m, dtype=work.dtype)
+        topo.steps.scatter(_buf(recv), ins, 0, sync=True)
+        finish_reduce(out, recv, rop, self.pg._size)
+        return None
+
+
+def hierarchical_or_none(pg: Any, device_type: str) -> HierarchicalEngine | None:
+    """The hierarchical engine for a host group spanning nodes (and not turned off), else None."""
+    if device_type != "cpu" or config.hierarchical_min_bytes() is None or not spans_nodes(pg):
+        return None
+    return HierarchicalEngine(pg, device_type)

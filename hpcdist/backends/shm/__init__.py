@@ -1,0 +1,18 @@
+"""Shared-memory collectives for the host arrays of ranks on one node.
+
+* :mod:`.node`        which ranks share a node (:func:`node_comm`, the one place that decides it);
+* :mod:`.segment`     one shared segment over a node communicator and its counter barrier;
+* :mod:`.algorithms`  all_reduce / broadcast / all_gather / reduce_scatter over a segment
+  (building blocks for hierarchical engines too);
+* :mod:`.table`       the measured table: which path each operation and size takes;
+* :mod:`.engine`      :class:`ShmEngine`, the host engine that puts them together.
+
+Nothing here runs at import; the segment is made by the first call that uses it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ShmEngine", "host_engine", "node_comm", "node_identity"]
+
+from .engine import ShmEngine, host_engine
+from .node import node_comm, node_identity

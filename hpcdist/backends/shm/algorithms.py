@@ -1,0 +1,221 @@
+"""The shared-memory algorithms, as functions of a :class:`~.segment.Segment`.
+
+Each takes flat (1-D, C-contiguous) NumPy arrays and moves them through the
+segment in chunks that fit its slots, pipelined over the three rotating sets
+(one sync per chunk). They are the building blocks of the shared-memory
+engine and of hierarchical engines (which call them on a node communicator's
+segment). SPMD: every rank of the segment's communicator calls the same
+function with arrays of the same sizes (the chunk schedule, hence the syncs,
+depend on the sizes only).
+
+Reductions are computed once per element, by the rank owning that slice of
+the chunk, in rank order ``((x0 op x1) op x2) ...``; every rank copies the
+same result out, so results are bitwise identical on every rank and from run
+to run. float16/bfloat16 are widened to float32 when copied in and rounded
+once when copied out; PREMUL_SUM multiplies while copying in; AVG divides the
+owner's slice after the sum (integers truncate toward zero), as the MPI path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ...buffers.reduction import f32_to_bf16_bits, premultiply, scale_average
+from .segment import Segment
+
+__all__ = ["UFUNCS", "all_gather", "all_reduce", "broadcast", "reduce_scatter", "work_dtype"]
+
+#: the MPI op name of a ResolvedOp -> the NumPy ufunc that computes it
+UFUNCS: dict[str, Any] = {
+    "SUM": np.add,
+    "PROD": np.multiply,
+    "MIN": np.minimum,
+    "MAX": np.maximum,
+    "BAND": np.bitwise_and,
+    "BOR": np.bitwise_or,
+    "BXOR": np.bitwise_xor,
+    "LOR": np.logical_or,
+    "LAND": np.logical_and,
+    "LXOR": np.logical_xor,
+}
+
+
+def work_dtype(arr: np.ndarray, half: str | None) -> np.dtype:
+    """The dtype reduced in the segment: float32 for half floats, else the array's."""
+    return np.dtype(np.float32) if half else arr.dtype
+
+
+def _load(slot: np.ndarray, src: np.ndarray, half: str | None, premul: Any) -> None:
+    """Copy ``src`` into ``slot`` (widening half floats; bfloat16 bits exactly), then premultiply."""
+    if half == "bfloat16":
+        wide = slot.view(np.uint32)
+        np.copyto(wide, src)
+        np.left_shift(wide, 16, out=wide)
+    else:
+        np.copyto(slot, src)
+    if premul is not None:
+        premultiply(slot, premul)
+
+
+def _store(dst: np.ndarray, res: np.ndarray, half: str | None) -> None:
+    """Copy the (float32 for half floats) result ``res`` into ``dst``, rounding once."""
+    if half == "bfloat16":
+        dst[...] = f32_to_bf16_bits(res)
+    else:
+        np.copyto(dst, res, casting="unsafe")
+
+
+def _two_stage(seg: Segment, chunks: int, write: Callable[[int, int], None], read: Callable[[int, int], None]) -> None:
+    """Chunk ``c`` is written in one interval and read in the next; chunk ``c + 1``'s write overlaps ``c``'s read."""
+    if chunks == 0:
+        return
+    sets = [seg.set_of(seg.step)]
+    write(0, sets[0])
+    seg.sync()
+    for c in range(chunks):
+        if c + 1 < chunks:
+            sets.append(seg.set_of(seg.step))
+            write(c + 1, sets[c + 1])
+        read(c, sets[c])
+        if c + 1 < chunks:
+            seg.sync()
+
+
+def _reduce_slice(seg: Segment, set_: int, dt: np.dtype, count: int, lo: int, hi: int, rows: int, ufunc: Any) -> Any:
+    """Reduce ``[lo, hi)`` of the first ``count`` items over ``rows`` slots into slot 0, in rank order."""
+    acc = seg.slot(set_, 0, dt, count)[lo:hi]
+    for r in range(1, rows):
+        ufunc(acc, seg.slot(set_, r, dt, count)[lo:hi], out=acc)
+    return acc
+
+
+def all_reduce(
+    seg: Segment,
+    src: np.ndarray,
+    dst: np.ndarray | None,
+    mpi_op: str,
+    half: str | None = None,
+    premul: Any = None,
+    average: bool = False,
+) -> None:
+    """Reduce ``src`` over the segment's ranks into ``dst`` (may be ``src``; None: compute, keep nothing).
+
+    Three stages per chunk (copy in, reduce this rank's slice, copy out),
+    pipelined so that a chunk's copy-in overlaps the previous one's
+    reduction: one sync per chunk.
+    """
+    n, me = seg.size, seg.rank
+    dt = work_dtype(src, half)
+    total = src.size
+    k = seg.slot_bytes // dt.itemsize
+    chunks = -(-total // k)
+    if chunks == 0:
+        return
+    ufunc = UFUNCS[mpi_op]
+
+    def write(c: int, set_: int) -> None:
+        lo = c * k
+        e = min(k, total - lo)
+        _load(seg.slot(set_, me, dt, e), src[lo : lo + e], half, premul)
+
+    sets = [seg.set_of(seg.step)]
+    write(0, sets[0])
+    seg.sync()
+    for c in range(chunks):
+        e = min(k, total - c * k)
+        lo, hi = e * me // n, e * (me + 1) // n
+        if hi > lo:
+            acc = _reduce_slice(seg, sets[c], dt, e, lo, hi, n, ufunc)
+            if average:
+                scale_average(acc, n)
+        if c + 1 < chunks:
+            sets.append(seg.set_of(seg.step))
+            write(c + 1, sets[c + 1])
+        seg.sync()
+        if dst is not None:
+            _store(dst[c * k : c * k + e], seg.slot(sets[c], 0, dt, e), half)
+
+
+def broadcast(seg: Segment, arr: np.ndarray, root: int) -> None:
+    """Copy ``arr`` of rank ``root`` into ``arr`` on every rank (the root fills whole sets)."""
+    dt = arr.dtype
+    total = arr.size
+    k = seg.set_bytes // dt.itemsize
+    me = seg.rank
+
+    def write(c: int, set_: int) -> None:
+        if me == root:
+            lo = c * k
+            e = min(k, total - lo)
+            np.copyto(seg.whole(set_, dt, e), arr[lo : lo + e])
+
+    def read(c: int, set_: int) -> None:
+        if me != root:
+            lo = c * k
+            e = min(k, total - lo)
+            np.copyto(arr[lo : lo + e], seg.whole(set_, dt, e))
+
+    _two_stage(seg, -(-total // k), write, read)
+
+
+def all_gather(seg: Segment, src: np.ndarray, outs: list[np.ndarray]) -> None:
+    """Every rank's ``src`` (equal sizes) into ``outs[r]`` on every rank."""
+    dt = src.dtype
+    total = src.size
+    k = seg.slot_bytes // dt.itemsize
+    me = seg.rank
+
+    def write(c: int, set_: int) -> None:
+        lo = c * k
+        e = min(k, total - lo)
+        np.copyto(seg.slot(set_, me, dt, e), src[lo : lo + e])
+
+    def read(c: int, set_: int) -> None:
+        lo = c * k
+        e = min(k, total - lo)
+        for r, out in enumerate(outs):
+            np.copyto(out[lo : lo + e], seg.slot(set_, r, dt, e))
+
+    _two_stage(seg, -(-total // k), write, read)
+
+
+def reduce_scatter(
+    seg: Segment,
+    ins: list[np.ndarray],
+    dst: np.ndarray,
+    mpi_op: str,
+    half: str | None = None,
+    premul: Any = None,
+    average: bool = False,
+) -> None:
+    """Reduce ``ins[r]`` (one per rank, equal sizes) over the ranks into ``dst`` on rank ``r``."""
+    n, me = seg.size, seg.rank
+    dt = work_dtype(dst, half)
+    total = dst.size
+    k = max(1, seg.slot_bytes // (n * dt.itemsize))
+    ufunc = UFUNCS[mpi_op]
+
+    def rows(set_: int, rank: int, e: int) -> np.ndarray:
+        return seg.slot(set_, rank, dt, n * e).reshape(n, e)
+
+    def write(c: int, set_: int) -> None:
+        lo = c * k
+        e = min(k, total - lo)
+        mine = rows(set_, me, e)
+        for j, src in enumerate(ins):
+            _load(mine[j], src[lo : lo + e], half, premul)
+
+    def read(c: int, set_: int) -> None:
+        lo = c * k
+        e = min(k, total - lo)
+        acc = rows(set_, 0, e)[me]
+        for r in range(1, n):
+            ufunc(acc, rows(set_, r, e)[me], out=acc)
+        if average:
+            scale_average(acc, n)
+        _store(dst[lo : lo + e], acc, half)
+
+    _two_stage(seg, -(-total // k), write, read)

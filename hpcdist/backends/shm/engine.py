@@ -1,0 +1,182 @@
+"""The shared-memory engine: host collectives of ranks on one node through one segment.
+
+:class:`ShmEngine` is the host engine of a group of two or more ranks unless
+``HPCDIST_SHM=0``. It is an :class:`~hpcdist.backends.mpi.MPIEngine` whose
+collectives first ask the selection table (:mod:`.table`) whether the
+shared-memory path wins for this operation, group size and array size; if
+not, the MPI engine's method runs, unchanged. Point-to-point, gather,
+scatter and all-to-all are always MPI.
+
+The segment is set up by the first call that takes the shared-memory path
+(collective over the group, as that call is): :func:`.node.node_comm` must
+hold every rank of the group, else the group spans nodes and every later
+call takes MPI. Shared-memory calls complete before they return; with
+``async_op=True`` they return a completed Work. A peer that does not arrive
+within the group's timeout gives :class:`~hpcdist.errors.DistTimeoutError`
+(catchable; unhandled, it ends the job through the abort hook), and the
+group's segment is unusable afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ... import config
+from ..._world import WORLD
+from ...buffers.adapters import Buf
+from ...buffers.dtypes import HALF_DTYPES
+from ...ops import ResolvedOp
+from ...work import Work, completed_work, timeout_error, wait_requests
+from ..mpi import MPIEngine
+from . import algorithms as alg
+from . import table
+from .node import node_comm
+from .segment import Segment
+
+__all__ = ["ShmEngine", "host_engine"]
+
+
+def host_engine(pg: Any, device_type: str = "cpu") -> MPIEngine:
+    """The engine of ``pg`` for host arrays: :class:`ShmEngine`, or the plain MPI engine (``HPCDIST_SHM=0``, 1 rank,
+    or a world joined over MPI ports, where MPI refuses shared windows: "processes are not in the same shared
+    memory domain")."""
+    mode = config.shm_mode()
+    if mode == "off" or pg._size < 2 or WORLD.launcher is None:
+        return MPIEngine(pg, device_type)
+    return ShmEngine(pg, device_type, mode)
+
+
+class ShmEngine(MPIEngine):
+    """The MPI engine plus a shared-memory path chosen per operation and size (see module docstring)."""
+
+    def __init__(self, pg: Any, device_type: str = "cpu", mode: str = "auto", slot_bytes: int | None = None) -> None:
+        super().__init__(pg, device_type)
+        self.mode = mode
+        # a slot holds at least one element of the widest dtype (complex128) per rank, in whole cache lines
+        self.slot_bytes = max(slot_bytes or config.shm_slot_bytes(), -(-16 * pg._size // 64) * 64)
+        self.windows = {op: table.window(op, pg._size, mode) for op in table.OPS}
+        self._ar_lo, self._ar_hi = self.windows["all_reduce"]
+        self._seg: Segment | bool | None = None  # None: not set up; False: the group spans nodes
+
+    # -- selection -----------------------------------------------------------
+
+    def path(self, op: str, nbytes: int) -> str:
+        """``"shm"`` or ``"mpi"``: the path ``op`` on ``nbytes`` takes (``"mpi"`` once known to span nodes)."""
+        lo, hi = self.windows.get(op, table.NEVER)
+        return "shm" if lo <= nbytes < hi and self._seg is not False else "mpi"
+
+    def _use(self, op: str, nbytes: int) -> Segment | None:
+        lo, hi = self.windows[op]
+        if not lo <= nbytes < hi:
+            return None
+        seg = self._seg
+        if seg is None:
+            seg = self._seg = self._setup(op)
+        if seg is False:
+            return None
+        assert isinstance(seg, Segment)
+        seg.what = (op, self.pg)
+        seg.timeout_s = self.pg._timeout_s
+        return seg
+
+    def _setup(self, op: str) -> Segment | bool:
+        """Collective over the group: the segment, or False when the group is not on one node."""
+        pg = self.pg
+        if not wait_requests([pg._comm.Ibarrier()], pg._timeout_s):
+            raise timeout_error((op, pg), pg._timeout_s)
+        node = node_comm(pg._comm)
+        if node.Get_size() != pg._size:
+            node.Free()
+            return False
+        return Segment(node, self.slot_bytes, pg._timeout_s, (op, pg))
+
+    def close(self) -> None:
+        """Free the segment and its node communicator (collective, at group destruction)."""
+        seg, self._seg = self._seg, False
+        if isinstance(seg, Segment):
+            comm = seg.comm
+            broken = seg.broken
+            seg.free()
+            if not broken:
+                comm.Free()
+
+    def _done(self, sync: bool, op: str, result: Any, *written: Buf) -> Work | None:
+        for b in written:
+            if b.writeback is not None:
+                b.writeback()
+        return None if sync else completed_work((op, self.pg), result)
+
+    # -- collectives ---------------------------------------------------------
+
+    def barrier(self, sync: bool = False) -> Work | None:
+        seg = self._use("barrier", 0)
+        if seg is None:
+            return super().barrier(sync)
+        seg.sync()
+        return self._done(sync, "barrier", None)
+
+    def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work | None:
+        seg = self._use("broadcast", buf.arr.nbytes)
+        if seg is None:
+            return super().broadcast(buf, root, sync)
+        alg.broadcast(seg, buf.arr.reshape(-1), root)
+        return self._done(sync, "broadcast", buf.obj, *([buf] if seg.rank != root else []))
+
+    def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
+        nbytes = buf.arr.nbytes
+        if not self._ar_lo <= nbytes < self._ar_hi:  # the hot path of small calls: one comparison
+            return MPIEngine.all_reduce(self, buf, rop, sync)
+        seg = self._use("all_reduce", nbytes)
+        if seg is None:
+            return MPIEngine.all_reduce(self, buf, rop, sync)
+        flat = buf.arr.reshape(-1)
+        half = buf.dtype if buf.dtype in HALF_DTYPES else None
+        alg.all_reduce(seg, flat, flat, rop.mpi_name, half, rop.premul, rop.average)
+        return self._done(sync, "all_reduce", buf.obj, buf)
+
+    def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work | None:
+        seg = self._use("reduce", buf.arr.nbytes)
+        if seg is None:
+            return super().reduce(buf, root, rop, sync)
+        flat = buf.arr.reshape(-1)
+        half = buf.dtype if buf.dtype in HALF_DTYPES else None
+        mine = seg.rank == root
+        alg.all_reduce(seg, flat, flat if mine else None, rop.mpi_name, half, rop.premul, rop.average)
+        return self._done(sync, "reduce", buf.obj, *([buf] if mine else []))
+
+    def all_gather(self, outs: list[Buf], inp: Buf, sync: bool = False) -> Work | None:
+        size = inp.arr.size
+        even = all(o.arr.size == size for o in outs)  # the same on every rank: outs[r] has rank r's size
+        seg = self._use("all_gather", inp.arr.nbytes * len(outs)) if even else None
+        if seg is None:
+            return super().all_gather(outs, inp, sync)
+        alg.all_gather(seg, inp.arr.reshape(-1), [o.arr.reshape(-1) for o in outs])
+        return self._done(sync, "all_gather", [o.obj for o in outs], *outs)
+
+    def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work | None:
+        seg = self._use("all_gather_into_tensor", out.arr.nbytes)
+        if seg is None:
+            return super().all_gather_into(out, inp, sync)
+        rows = out.arr.reshape(seg.size, -1)
+        alg.all_gather(seg, inp.arr.reshape(-1), list(rows))
+        return self._done(sync, "all_gather_into_tensor", out.obj, out)
+
+    def reduce_scatter(self, out: Buf, ins: list[Buf], rop: ResolvedOp, sync: bool = False) -> Work | None:
+        size = out.arr.size
+        even = all(b.arr.size == size for b in ins)  # the same on every rank: ins[r] has rank r's output size
+        seg = self._use("reduce_scatter", out.arr.nbytes * len(ins)) if even else None
+        if seg is None:
+            return super().reduce_scatter(out, ins, rop, sync)
+        half = out.dtype if out.dtype in HALF_DTYPES else None
+        srcs = [b.arr.reshape(-1) for b in ins]
+        alg.reduce_scatter(seg, srcs, out.arr.reshape(-1), rop.mpi_name, half, rop.premul, rop.average)
+        return self._done(sync, "reduce_scatter", out.obj, out)
+
+    def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
+        seg = self._use("reduce_scatter_tensor", inp.arr.nbytes)
+        if seg is None:
+            return super().reduce_scatter_tensor(out, inp, rop, sync)
+        half = out.dtype if out.dtype in HALF_DTYPES else None
+        srcs = list(inp.arr.reshape(seg.size, -1))
+        alg.reduce_scatter(seg, srcs, out.arr.reshape(-1), rop.mpi_name, half, rop.premul, rop.average)
+        return self._done(sync, "reduce_scatter_tensor", out.obj, out)

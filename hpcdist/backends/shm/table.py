@@ -1,0 +1,91 @@
+"""Which path runs: the measured selection table of the shared-memory engine.
+
+For each operation and group size, the table holds the byte range
+``[lo, hi)`` of the call's size (as ``hpcdist bench`` and nccl-tests count
+it: the gathered output of all_gather, the input of reduce_scatter, the
+array of the others) in which the shared-memory path beat raw
+MPI on the machine below; outside it the group's MPI engine runs. A group
+size missing from an operation's rows uses the next larger listed size (the
+largest for bigger groups). ``HPCDIST_SHM=1`` runs the shared-memory path at
+every size, ``HPCDIST_SHM=0`` never.
+
+Regenerate with ``hpcdist bench --table`` on the target machine (it prints
+this table's rows from the measured crossovers) and paste them here.
+"""
+
+from __future__ import annotations
+
+__all__ = ["DATE", "MACHINE", "NEVER", "OPS", "TABLE", "describe", "window"]
+
+INF = 1 << 62
+NEVER = (INF, INF)
+ALWAYS = (0, INF)
+
+#: the operations the shared-memory engine implements
+OPS = (
+    "all_reduce",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "barrier",
+)
+
+MACHINE = "2-core AMD EPYC VM (x86_64, 32 MiB L3), Linux 6.18, MPICH 4.3.2 (mpich wheel), NumPy 2.4"
+DATE = "2026-11-23 (hpcdist bench, machine shared with other jobs)"
+
+#: op -> {group size: (lo, hi) bytes where shared memory runs}
+TABLE: dict[str, dict[int, tuple[int, int]]] = {
+    "all_reduce": {2: (256 << 10, INF), 4: (256 << 10, INF)},
+    "reduce": {2: (256 << 10, INF), 4: (256 << 10, INF)},
+    "broadcast": {2: (1 << 20, INF), 4: (1 << 20, INF)},
+    "all_gather": {2: (1 << 20, INF), 4: (1 << 20, INF)},
+    "all_gather_into_tensor": {2: (1 << 20, INF), 4: (1 << 20, INF)},
+    "reduce_scatter": {2: (1 << 20, INF), 4: (1 << 20, INF)},
+    "reduce_scatter_tensor": {2: (1 << 20, INF), 4: (1 << 20, INF)},
+    "barrier": {2: NEVER, 4: NEVER},
+}
+
+
+def window(op: str, nranks: int, mode: str = "auto") -> tuple[int, int]:
+    """The ``[lo, hi)`` byte range in which ``op`` on ``nranks`` ranks takes the shared-memory path.
+
+    ``mode``: ``auto`` (the table), ``on`` (always) or ``off`` (never).
+    """
+    if mode == "on":
+        return ALWAYS
+    if mode == "off" or nranks < 2:
+        return NEVER
+    rows = TABLE.get(op)
+    if not rows:
+        return NEVER
+    sizes = sorted(rows)
+    for s in sizes:
+        if s >= nranks:
+            return rows[s]
+    return rows[sizes[-1]]
+
+
+def _size(n: int) -> str:
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= f and n % f == 0:
+            return f"{n // f} {unit}"
+    return f"{n} B"
+
+
+def describe(op: str, nranks: int, mode: str = "auto") -> str:
+    """Which path ``op`` takes on ``nranks`` ranks of one node, in words (for ``hpcdist info``)."""
+    lo, hi = window(op, nranks, mode)
+    if lo >= hi:
+        return "mpi"
+    parts = []
+    if lo > 0:
+        parts.append(f"mpi below {_size(lo)}")
+    parts.append(
+        "shm" if lo == 0 and hi >= INF else f"shm from {_size(lo)}" if hi >= INF else f"shm {_size(lo)}-{_size(hi)}"
+    )
+    if hi < INF:
+        parts.append(f"mpi from {_size(hi)}")
+    return ", ".join(parts)

@@ -1,0 +1,97 @@
+"""Which ranks share a node: node identity, the world's node layout, node-local ranks.
+
+``MPI_Comm_split_type(COMM_TYPE_SHARED)`` groups the ranks MPI believes
+share memory. In a world joined through ports (hpcdist's launcher-free
+``env://``/``tcp://``/``file://`` rendezvous) that belief can be wrong: MPICH
+puts processes of different hosts, or of different network and mount
+namespaces of one host, into one "shared" communicator (``LOCAL_RANK`` 1 on
+the second node). So hpcdist decides node-locality itself, from
+:func:`node_identity`: the host name, the kernel's boot id and the identity of
+the ``/dev/shm`` file system. Two processes are on one node exactly when all
+three agree — same machine, same host name, same shared-memory mount — which
+is what ``LOCAL_RANK``, the device choice per node, shared-memory segments
+and hierarchical collectives need.
+
+:func:`node_layout` is collective: it runs once in ``init_process_group``
+(one ``MPI_Allgather`` of an 8-byte hash per rank) and the result, the node
+index of every world rank, is kept on the world state, so the node-local
+ranks of any group are known without further messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["local_rank_size", "node_identity", "node_layout", "node_of_ranks"]
+
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def node_identity() -> str:
+    """A string equal for two processes exactly when they run on one node.
+
+    The host name, the kernel's boot id and the device and inode of
+    ``/dev/shm``: another machine has another boot id; a container or
+    namespace with its own host name or its own tmpfs on ``/dev/shm`` is
+    another node (shared memory cannot span it). ``HPCDIST_NODE_ID``
+    overrides it (e.g. where host names repeat and nothing else differs).
+    """
+    forced = os.environ.get("HPCDIST_NODE_ID", "").strip()
+    if forced:
+        return forced
+    try:
+        with open(_BOOT_ID) as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "-"
+    try:
+        st = os.stat("/dev/shm")
+        shm = f"{st.st_dev}:{st.st_ino}"
+    except OSError:
+        shm = "-"
+    return f"{socket.gethostname()}|{boot}|{shm}"
+
+
+def _key(identity: str) -> int:
+    return int.from_bytes(hashlib.blake2b(identity.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def node_layout(comm: Any, timeout_s: float | None = None) -> list[int]:
+    """The node index of every rank of ``comm``, nodes numbered by their lowest rank.
+
+    SPMD: collective over ``comm`` (one ``Allgather`` of 8 bytes per rank);
+    with ``timeout_s``, polled and raising DistTimeoutError when a rank never comes.
+    """
+    mine = np.array([_key(node_identity())], dtype=np.int64)
+    if comm.Get_size() == 1:
+        return [0]
+    from mpi4py import MPI
+
+    keys = np.empty(comm.Get_size(), dtype=np.int64)
+    if timeout_s is None:
+        comm.Allgather([mine, MPI.INT64_T], [keys, MPI.INT64_T])
+    else:
+        from ._timed import INIT_HINT, wait_or_raise
+
+        req = comm.Iallgather([mine, MPI.INT64_T], [keys, MPI.INT64_T])
+        wait_or_raise(comm, [req], timeout_s, "init_process_group (node layout)", INIT_HINT)
+    index: dict[int, int] = {}
+    return [index.setdefault(int(k), len(index)) for k in keys]
+
+
+def node_of_ranks(layout: Sequence[int], ranks: Sequence[int]) -> list[int]:
+    """The node index of each of ``ranks`` (world ranks), renumbered 0.. by first appearance."""
+    index: dict[int, int] = {}
+    return [index.setdefault(layout[r], len(index)) for r in ranks]
+
+
+def local_rank_size(nodes: Sequence[int], rank: int) -> tuple[int, int]:
+    """``(local rank, local size)`` of ``rank`` given the node index of every rank."""
+    mine = nodes[rank]
+    return sum(1 for n in nodes[:rank] if n == mine), sum(1 for n in nodes if n == mine)

@@ -1,0 +1,93 @@
+"""The shared-memory engine when a peer does not come: a clear DistTimeoutError, never a hang.
+
+Every launch has a hard time limit (``run_mpi(limit=...)``); elapsed times
+asserted are hang guards, never speed claims.
+"""
+
+from __future__ import annotations
+
+import pytest
+from mpirun import run_mpi
+
+pytestmark = pytest.mark.timeout(240)
+
+PRELUDE = """
+import os, sys, time
+from datetime import timedelta
+import numpy as np
+import hpcdist as dist
+
+
+def say(*parts):
+    os.write(1, (" ".join(map(str, parts)) + chr(10)).encode())
+"""
+
+
+def test_missing_peer_times_out_and_the_segment_refuses_reuse(tmp_path):
+    script = (
+        PRELUDE
+        + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=2))
+x = np.ones(1000, np.float32)
+dist.all_reduce(x)                     # the segment is set up by both ranks
+say("FIRST", x[0])
+if dist.get_rank() == 0:
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x)             # rank 1 never comes
+    except dist.DistTimeoutError as e:
+        say(f"TIMEOUT after {time.monotonic() - t0:.1f}s: {e}")
+    try:
+        dist.all_reduce(x)
+    except dist.DistTimeoutError as e:
+        say("REFUSED", e)
+    os._exit(0)
+else:
+    time.sleep(8)
+    os._exit(0)
+"""
+    )
+    r = run_mpi(2, script, tmp_path, env={"HPCDIST_SHM": "1"}, limit=90)
+    assert not r.timed_out, r.output
+    assert r.stdout.count("FIRST 2.0") == 2, r.output
+    assert "TIMEOUT after" in r.stdout and "all_reduce" in r.stdout and "within 2s" in r.stdout, r.output
+    assert float(r.stdout.split("TIMEOUT after ")[1].split("s")[0]) >= 1.9
+    assert "REFUSED" in r.stdout and "out of step" in r.stdout, r.output
+
+
+def test_stuck_peer_unhandled_timeout_ends_the_job(tmp_path):
+    script = (
+        PRELUDE
+        + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=2))
+x = np.ones(1 << 16, np.float32)
+dist.broadcast(x, src=0)               # both ranks set the segment up
+if dist.get_rank() == 1:
+    time.sleep(300)                    # stuck: never calls again
+dist.broadcast(x, src=0)               # rank 0's timeout is unhandled: the abort hook ends the whole job
+say("NOT REACHED")
+"""
+    )
+    r = run_mpi(2, script, tmp_path, env={"HPCDIST_SHM": "1"}, limit=90)
+    assert not r.timed_out, "the job hung on a dead peer: " + r.output
+    assert r.returncode != 0
+    assert "NOT REACHED" not in r.stdout
+    assert "DistTimeoutError" in r.stderr and "broadcast" in r.stderr, r.output
+
+
+def test_dead_peer_ends_the_job(tmp_path):
+    script = (
+        PRELUDE
+        + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=2))
+x = np.ones(1 << 16, np.float32)
+dist.all_reduce(x)
+if dist.get_rank() == 1:
+    os._exit(3)                        # dies without a word
+dist.all_reduce(x)
+say("NOT REACHED")
+"""
+    )
+    r = run_mpi(2, script, tmp_path, env={"HPCDIST_SHM": "1"}, limit=90)
+    assert not r.timed_out, "the job hung on a dead peer: " + r.output
+    assert r.returncode != 0 and "NOT REACHED" not in r.stdout

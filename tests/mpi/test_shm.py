@@ -1,0 +1,204 @@
+"""The shared-memory engine over the matrix, forced on (``HPCDIST_SHM=1``) with tiny slots.
+
+The groups here are made with ``HPCDIST_SHM=1`` and ``HPCDIST_SHM_SLOT=64``
+(bytes per rank and pipeline stage), so every array of more than a few
+elements crosses several pipelined chunks and set rotations. References are
+NumPy (test_collectives' ``_ref``); bitwise equality across ranks is checked
+by gathering every rank's result bytes over raw MPI.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from matrix import GROUP_KINDS, make_groups, members_of
+from mpi_arrays import DTYPES, cast, empty, make, need, to_np, values
+from test_collectives import OPS, _applies, _ref
+
+import hpcdist as dist
+from hpcdist import ReduceOp
+from hpcdist.backends.mpi import MPIEngine
+from hpcdist.backends.shm import ShmEngine
+
+SLOT = 64  # the smallest slot: arrays of more than 16 bytes per rank cross several chunks
+SIZES = [1, 37, 300]  # 300 float64 = 2400 B: ~40-150 chunks
+
+
+def me() -> int:
+    return dist.get_rank()
+
+
+@pytest.fixture(scope="module")
+def shm_groups():
+    saved = {k: os.environ.get(k) for k in ("HPCDIST_SHM", "HPCDIST_SHM_SLOT")}
+    os.environ.update(HPCDIST_SHM="1", HPCDIST_SHM_SLOT=str(SLOT))
+    try:
+        groups = make_groups()
+        groups["world"] = dist.new_group()
+        for g in groups.values():
+            if members_of(g):
+                g.engine("cpu")  # built now, while the knobs above are set
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return groups
+
+
+@pytest.fixture(params=GROUP_KINDS)
+def sgroup(request, shm_groups):
+    g = shm_groups[request.param]
+    return g, members_of(g)
+
+
+def check(actual, ref, dtype: str) -> None:
+    got = to_np(actual).reshape(-1)
+    want = cast(np.asarray(ref), dtype).reshape(-1)
+    assert np.array_equal(got, want), f"{dtype}: got {got[:8]}..., want {want[:8]}..."
+
+
+def same_bytes_everywhere(group, arr) -> None:
+    """Every member of ``group`` holds exactly the bytes of ``arr`` (gathered over the group's raw comm)."""
+    data = to_np(arr).tobytes() if not isinstance(arr, np.ndarray) else arr.tobytes()
+    everyone = group.comm.allgather(data)
+    assert all(d == everyone[0] for d in everyone), "results differ between ranks"
+
+
+def test_engine_is_shared_memory(sgroup):
+    g, members = sgroup
+    if not members:
+        return
+    eng = g.engine("cpu")
+    if len(members) == 1:
+        assert type(eng) is MPIEngine  # one rank: nothing to share
+        return
+    assert isinstance(eng, ShmEngine)
+    assert eng.path("all_reduce", 8) == "shm" and eng.path("broadcast", 1 << 30) == "shm"
+    assert eng.path("all_to_all", 1 << 20) == "mpi"
+
+
+# NumPy for every dtype; torch where its adapter differs (bfloat16 travels as uint16 bits, float16)
+OP_CASES = [("numpy", d, o) for d in DTYPES if d != "bfloat16" for o in OPS if _applies(o, d)]
+OP_CASES += [("torch", d, o) for d in ("bfloat16", "float16") for o in OPS if _applies(o, d)]
+
+
+@pytest.mark.parametrize("which", ["world", "split"])  # the other kinds run in the tests below
+@pytest.mark.parametrize(("kind", "dtype", "opname"), OP_CASES)
+def test_all_reduce_every_op_dtype(shm_groups, which, kind, dtype, opname):
+    g = shm_groups[which]
+    members = members_of(g)
+    need(kind, dtype)
+    size = 37  # uneven over 2-4 ranks; several chunks
+    op = ReduceOp.PREMUL_SUM(2.0) if opname == "PREMUL_SUM" else getattr(ReduceOp, opname)
+    x = make(kind, values(me(), size, dtype), dtype)
+    dist.all_reduce(x, op=op, group=g)
+    if not members:
+        return
+    stack = np.stack([values(r, size, dtype) for r in members])
+    check(x, _ref(opname, stack, dtype, len(members)), dtype)
+    same_bytes_everywhere(g, x)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("dtype", ["float32", "int64", "float16", "complex128", "bool"])
+def test_broadcast_reduce_every_root(sgroup, size, dtype):
+    g, members = sgroup
+    for gr, root in enumerate(members):
+        x = make("numpy", values(me(), size, dtype, salt=root), dtype)
+        dist.broadcast(x, group=g, group_src=gr)
+        check(x, values(root, size, dtype, salt=root), dtype)
+        if dtype == "bool":
+            continue
+        mine = values(me(), size, dtype, salt=gr)
+        y = make("numpy", mine, dtype)
+        dist.reduce(y, group=g, group_dst=gr, op=ReduceOp.SUM)
+        check(y, sum(values(r, size, dtype, salt=gr) for r in members) if me() == root else mine, dtype)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize(("kind", "dtype"), [("numpy", "float64"), ("numpy", "uint8"), ("torch", "bfloat16")])
+def test_gathers(sgroup, size, kind, dtype):
+    g, members = sgroup
+    need(kind, dtype)
+    if not members:
+        return
+    n = len(members)
+    out = empty(kind, (n, size), dtype)
+    dist.all_gather_into_tensor(out, make(kind, values(me(), size, dtype), dtype), group=g)
+    check(out, np.concatenate([values(r, size, dtype) for r in members]), dtype)
+    outs = [empty(kind, (size,), dtype) for _ in members]
+    dist.all_gather(outs, make(kind, values(me(), size, dtype, salt=3), dtype), group=g)
+    for r, o in zip(members, outs):
+        check(o, values(r, size, dtype, salt=3), dtype)
+    uneven = [empty(kind, (1 + i,), dtype) for i in range(n)]  # uneven sizes: the MPI path, same answer
+    dist.all_gather(uneven, make(kind, values(me(), 1 + members.index(me()), dtype), dtype), group=g)
+    for i, (r, o) in enumerate(zip(members, uneven)):
+        check(o, values(r, 1 + i, dtype), dtype)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize(("kind", "dtype"), [("numpy", "float32"), ("numpy", "int32"), ("torch", "bfloat16")])
+@pytest.mark.parametrize("opname", ["SUM", "MAX", "AVG", "PREMUL_SUM"])
+def test_reduce_scatter_forms(sgroup, size, kind, dtype, opname):
+    g, members = sgroup
+    need(kind, dtype)
+    if not members:
+        return
+    n = len(members)
+    gr = members.index(me())
+    op = ReduceOp.PREMUL_SUM(2.0) if opname == "PREMUL_SUM" else getattr(ReduceOp, opname)
+    full = np.stack([values(r, n * size, dtype) for r in members])
+    ref = _ref(opname, full, dtype, n)[gr * size : (gr + 1) * size]
+    out = empty(kind, (size,), dtype)
+    dist.reduce_scatter_tensor(out, make(kind, values(me(), n * size, dtype), dtype), op=op, group=g)
+    check(out, ref, dtype)
+    ins = [make(kind, values(me(), n * size, dtype)[i * size : (i + 1) * size], dtype) for i in range(n)]
+    out = empty(kind, (size,), dtype)
+    dist.reduce_scatter(out, ins, op=op, group=g)
+    check(out, ref, dtype)
+
+
+def test_bitwise_identical_fixed_order(sgroup):
+    """float32 sums of random data: equal bytes on every rank, equal to NumPy adding in rank order, run to run."""
+    g, members = sgroup
+    if not members:
+        return
+    size = 10_007  # prime: uneven slices, ~150 chunks
+    inputs = [np.random.default_rng(r).standard_normal(size).astype(np.float32) for r in members]
+    ref = inputs[0].copy()
+    for a in inputs[1:]:
+        ref += a  # ((x0 + x1) + x2) + x3: the engine's fixed order
+    results = []
+    for _ in range(2):
+        x = inputs[members.index(me())].copy()
+        dist.all_reduce(x, group=g)
+        results.append(x)
+    assert results[0].tobytes() == ref.tobytes()
+    assert results[1].tobytes() == results[0].tobytes()
+    same_bytes_everywhere(g, results[0])
+
+
+def test_async_barrier_and_mixed_paths(sgroup):
+    """async_op returns a completed Work; shared-memory and MPI calls interleave in one group."""
+    g, members = sgroup
+    if not members:
+        assert dist.barrier(group=g) is None
+        return
+    x = np.full(50, float(me()))
+    w = dist.all_reduce(x, group=g, async_op=True)
+    assert w.wait() is True and w.is_completed()
+    assert np.array_equal(x, np.full(50, float(sum(members))))
+    ys = [np.full(3, float(me())) for _ in range(3)]
+    works = [dist.all_reduce(y, group=g, async_op=True) for y in ys]
+    dist.barrier(group=g)
+    for w in works:
+        w.wait()
+    for y in ys:
+        assert np.array_equal(y, np.full(3, float(sum(members))))
+    objs = [None] * len(members)
+    dist.all_gather_object(objs, me(), group=g)  # object collectives (MPI) in between
+    assert objs == members

@@ -1,0 +1,82 @@
+"""Decisions of the shared-memory engine and the bench that need no MPI: table windows, knobs, plans, sizes."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcdist import bucket_indices, config
+from hpcdist.backends.shm import table
+from hpcdist.bench import parse_sizes
+
+
+def test_window_modes_and_rank_rows(monkeypatch):
+    monkeypatch.setitem(table.TABLE, "all_reduce", {2: (100, 1000), 4: (200, table.INF)})
+    assert table.window("all_reduce", 2) == (100, 1000)
+    assert table.window("all_reduce", 3) == (200, table.INF)  # the next larger listed size
+    assert table.window("all_reduce", 64) == (200, table.INF)  # beyond the table: the largest
+    assert table.window("all_reduce", 2, "on") == table.ALWAYS
+    assert table.window("all_reduce", 2, "off") == table.NEVER
+    assert table.window("all_reduce", 1, "auto") == table.NEVER
+    assert table.window("all_to_all", 2) == table.NEVER  # not a shared-memory op
+
+
+def test_table_rows_are_well_formed():
+    assert table.MACHINE and table.DATE
+    for op, rows in table.TABLE.items():
+        assert op in table.OPS
+        for k, (lo, hi) in rows.items():
+            assert k >= 2 and 0 <= lo <= hi
+
+
+@pytest.mark.parametrize(("raw", "mode"), [(None, "auto"), ("auto", "auto"), ("1", "on"), ("on", "on"), ("0", "off")])
+def test_shm_mode(monkeypatch, raw, mode):
+    if raw is None:
+        monkeypatch.delenv("HPCDIST_SHM", raising=False)
+    else:
+        monkeypatch.setenv("HPCDIST_SHM", raw)
+    assert config.shm_mode() == mode
+
+
+def test_shm_knobs_reject_garbage(monkeypatch):
+    monkeypatch.setenv("HPCDIST_SHM", "maybe")
+    with pytest.raises(ValueError, match="HPCDIST_SHM"):
+        config.shm_mode()
+    monkeypatch.setenv("HPCDIST_SHM_SLOT", "100")
+    with pytest.raises(ValueError, match="multiple of 64"):
+        config.shm_slot_bytes()
+    monkeypatch.setenv("HPCDIST_SHM_SLOT", "4096")
+    assert config.shm_slot_bytes() == 4096
+
+
+def test_bucket_plan():
+    nb = [10, 10, 10, 50, 10, 4]
+    keys = ["f", "f", "i", "f", "f", "i"]
+    assert bucket_indices(nb, keys, 25) == [[0, 1], [2, 5], [3], [4]]
+    assert bucket_indices(nb, keys, 1000) == [[0, 1, 3, 4], [2, 5]]
+    with pytest.raises(ValueError, match="cap"):
+        bucket_indices(nb, keys, 0)
+    with pytest.raises(ValueError, match="same length"):
+        bucket_indices(nb, keys[:2], 10)
+
+
+def test_parse_sizes():
+    assert parse_sizes("1K:8K") == [1024, 2048, 4096, 8192]
+    assert parse_sizes("1K:64K:4") == [1024, 4096, 16384, 65536]
+    assert parse_sizes("8,1MiB") == [8, 1 << 20]
+    with pytest.raises(ValueError, match="--sizes"):
+        parse_sizes("1X")
+
+
+@pytest.mark.parametrize(("raw", "want"), [("0", "mpi"), ("1", "shm")])
+def test_info_reports_the_path_per_op(monkeypatch, raw, want):
+    from hpcdist.info import collect
+
+    monkeypatch.setenv("HPCDIST_SHM", raw)
+    paths = collect()["shared_memory"]["paths"]
+    assert set(paths) == set(table.OPS)
+    assert all(p == f"2 ranks: {want}; 4 ranks: {want}" for p in paths.values())
+
+
+def test_describe_a_window(monkeypatch):
+    monkeypatch.setitem(table.TABLE, "broadcast", {2: (1 << 20, 64 << 20)})
+    assert table.describe("broadcast", 2) == "mpi below 1 MiB, shm 1 MiB-64 MiB, mpi from 64 MiB"
