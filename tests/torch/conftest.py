@@ -31,7 +31,13 @@ def free_port() -> int:
 
 
 def launch(
-    n: int, prog: str, backend: str, out: Path, *, args: list[str] | None = None, env: dict[str, str] | None = None,
+    n: int,
+    prog: str,
+    backend: str,
+    out: Path,
+    *,
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
     limit: float = 240,
 ) -> Result:
     """Run progs/``prog`` on ``n`` ranks with ``backend``, saving into ``out``; fail the test if it fails."""

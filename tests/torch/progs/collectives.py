@@ -101,8 +101,12 @@ for dt in DTYPES:
                 exp = f(exp, v)
         case(f"all_reduce/{name}/{dt}", lambda dt=dt, op=op: allreduce(x_of(rank, dt), op), exp.to(dt))
 bools = [x_of(r, torch.bool) for r in everyone]
-case("all_reduce/SUM/torch.bool", lambda: allreduce(x_of(rank, torch.bool), dist.ReduceOp.SUM), torch.stack(bools).any(0))
-case("all_reduce/MIN/torch.bool", lambda: allreduce(x_of(rank, torch.bool), dist.ReduceOp.MIN), torch.stack(bools).all(0))
+case(
+    "all_reduce/SUM/torch.bool", lambda: allreduce(x_of(rank, torch.bool), dist.ReduceOp.SUM), torch.stack(bools).any(0)
+)
+case(
+    "all_reduce/MIN/torch.bool", lambda: allreduce(x_of(rank, torch.bool), dist.ReduceOp.MIN), torch.stack(bools).all(0)
+)
 for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.complex64):
     xs = [x_of(r, dt, 6) * 2 * n for r in everyone]
     total = sum(xs[1:], xs[0].clone())
@@ -177,7 +181,7 @@ if n > 1:
         w.wait()
     case("batch_isend_irecv", lambda: r_in, torch.full((4,), float(prv)))
     if rank == 0:
-        for src in range(1, n):
+        for _ in range(1, n):
             buf = torch.zeros(3, dtype=torch.int64)
             s = dist.recv(buf)  # any source
             case(f"recv_any/{s}", lambda buf=buf: buf, torch.full((3,), s, dtype=torch.int64))
@@ -197,7 +201,9 @@ ts = [torch.full((k + 1,), float(rank + k)) for k in range(3)]
 with dist._coalescing_manager(async_ops=False):
     for t in ts:
         dist.all_reduce(t)
-case("coalescing_manager/all_reduce", lambda: ts, [torch.full((k + 1,), float(sum(everyone) + n * k)) for k in range(3)])
+case(
+    "coalescing_manager/all_reduce", lambda: ts, [torch.full((k + 1,), float(sum(everyone) + n * k)) for k in range(3)]
+)
 objs: list[Any] = [None] * n
 case("all_gather_object", lambda: (dist.all_gather_object(objs, {"r": rank, "s": "x" * rank}), objs)[1])
 want["all_gather_object"] = [{"r": r, "s": "x" * r} for r in everyone]
@@ -219,7 +225,9 @@ if n >= 2:
     case("new_subgroups/all_reduce", lambda: (dist.all_reduce(t, group=mine), t)[1], torch.full((2,), float(rank)))
     rev = dist.new_group(list(reversed(everyone)))
     t = torch.full((3,), float(rank))
-    case("reversed_group/broadcast", lambda: (dist.broadcast(t, n - 1, group=rev), t)[1], torch.full((3,), float(n - 1)))
+    case(
+        "reversed_group/broadcast", lambda: (dist.broadcast(t, n - 1, group=rev), t)[1], torch.full((3,), float(n - 1))
+    )
     case("reversed_group/rank", lambda: dist.get_rank(rev), rank)
 
 save(outdir, "collectives", {"got": got, "want": want})
