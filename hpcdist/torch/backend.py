@@ -72,6 +72,18 @@ class HpcdistProcessGroup(dist.ProcessGroup):
     def name(self) -> str:
         return BACKEND_NAME
 
+    def getGroupName(self) -> str:
+        return self._gname
+
+    def setGroupName(self, group_name: str) -> None:
+        self._gname = group_name
+
+    def getGroupDesc(self) -> str:
+        return self._gdesc
+
+    def setGroupDesc(self, group_desc: str) -> None:
+        self._gdesc = group_desc
+
     def __repr__(self) -> str:
         return f"<HpcdistProcessGroup {self._gname!r} rank {self.rank()}/{self.size()}>"
 
