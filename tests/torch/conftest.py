@@ -58,6 +58,20 @@ def launch(
     return res
 
 
+def torchrun(n: int, prog: str, backend: str, out: Path, limit: float = 240) -> Result:
+    """Run progs/``prog`` under torchrun (no MPI launcher: the ranks join over MPI ports)."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HPCDIST_TIMEOUT="120")
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(k, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(PROGS)])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-addr", "127.0.0.1"]
+    cmd += ["--master-port", str(free_port()), str(PROGS / prog), backend, str(out)]
+    res = run_limited(cmd, env, limit)
+    assert not res.timed_out and res.returncode == 0, f"{prog} under torchrun failed:\n{res.output[-3000:]}"
+    return res
+
+
 def load(out: Path, name: str, rank: int) -> Any:
     return torch.load(out / f"{name}.rank{rank}.pt", weights_only=False)
 

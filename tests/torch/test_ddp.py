@@ -4,7 +4,8 @@ One launch per backend trains every mode (progs/ddp.py): plain, no_sync,
 find_unused_parameters, static_graph, allreduce_hook, fp16_compress_hook,
 PowerSGD, and a DistributedSampler loop. At 2 ranks every sum has two
 operands, so any reduction order gives the same bits: the parameters must be
-identical to gloo's, and identical across ranks.
+identical to gloo's, and identical across ranks. The same program under
+torchrun (no MPI launcher: the ranks join over MPI ports) ends identically.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import launch, load, same
+from conftest import launch, load, same, torchrun
 
 N = 2
 MODES = [
@@ -34,6 +35,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, A
         d = tmp_path_factory.mktemp(backend)
         launch(N, "ddp.py", backend, d)
         out[backend] = [load(d, "ddp", r) for r in range(N)]
+    d = tmp_path_factory.mktemp("torchrun")
+    torchrun(N, "ddp.py", "hpcdist", d)
+    out["torchrun"] = [load(d, "ddp", r) for r in range(N)]
     return out
 
 
@@ -43,6 +47,11 @@ def test_parameters_equal_gloo(runs: dict[str, list[dict[str, Any]]], mode: str)
         ours, theirs = runs["hpcdist"][r][mode], runs["gloo"][r][mode]
         diff = {k: float((ours[k] - theirs[k]).abs().max()) for k in ours if not same(ours[k], theirs[k])}
         assert not diff, f"rank {r}, {mode}: parameters differ from gloo's (max abs diff per tensor {diff})"
+
+
+def test_torchrun_equals_mpiexec(runs: dict[str, list[dict[str, Any]]]) -> None:
+    for r in range(N):
+        assert same(runs["torchrun"][r], runs["hpcdist"][r]), f"rank {r}"
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -6,8 +6,7 @@ argument): run with init_method env:// (the tutorial's), tcp:// and file://,
 its results (point-to-point, a group all_reduce, synchronous SGD) must equal
 the same program on gloo bit for bit. The spawned processes never import
 hpcdist: torch's ``torch.backends`` entry point registers the backend.
-torchrun runs progs/ddp.py (every DDP mode) and must end with the parameters
-the mpiexec run ends with.
+(torchrun: tests/torch/test_ddp.py.)
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
-from conftest import PROGS, ROOT, free_port, launch, load, run_limited, same
+from conftest import PROGS, ROOT, free_port, load, run_limited, same
 
 pytestmark = pytest.mark.skipif(
     not any(ep.name == "hpcdist" for ep in entry_points(group="torch.backends")),
@@ -55,28 +54,3 @@ def test_tutorial_equals_gloo(gloo: list[dict], init: str, tmp_path: Path) -> No
         for k in ours[r]:
             assert same(ours[r][k], gloo[r][k]), f"rank {r} {k} (init {init})"
     assert float(ours[1]["blocking"][0]) == 1.0 and float(ours[0]["all_reduce"][0]) == 2.0
-
-
-def test_torchrun_ddp_equals_mpiexec(tmp_path: Path) -> None:
-    via_mpiexec = tmp_path / "mpiexec"
-    launch(2, "ddp.py", "hpcdist", via_mpiexec)
-    via_torchrun = tmp_path / "torchrun"
-    via_torchrun.mkdir()
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        str(PROGS / "ddp.py"),
-        "hpcdist",
-        str(via_torchrun),
-    ]
-    res = run_limited(cmd, _env(), 240)
-    assert not res.timed_out and res.returncode == 0, res.output[-3000:]
-    for r in range(2):
-        assert same(load(via_torchrun, "ddp", r), load(via_mpiexec, "ddp", r)), f"rank {r}"
