@@ -1,8 +1,8 @@
 """Registering "hpcdist" with torch.distributed, and the ``mpi://`` rendezvous.
 
-:func:`register` (run by ``import hpcdist.torch``, and by torch itself at
-``import torch`` through the ``torch.backends`` entry point when hpcdist is
-installed) does three things, none of which talks to MPI:
+:func:`register` (run by ``import hpcdist.torch``, which torch itself imports at
+``import torch`` through the ``torch.backends`` entry point
+:mod:`hpcdist._torch_autoload` when hpcdist is installed) does three things, none of which talks to MPI:
 
 1. ``Backend.register_backend("hpcdist", create, extended_api=True,
    devices=["cpu", "cuda"])``: torch calls :func:`create` for every group
@@ -21,13 +21,12 @@ installed) does three things, none of which talks to MPI:
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlparse
 
-__all__ = ["create", "entry_point", "register"]
+__all__ = ["create", "mpi_rendezvous_handler", "register"]
 
 _DONE: list[bool] = []
 
@@ -53,16 +52,6 @@ def register() -> None:
     if env is not None and not getattr(env, "_hpcdist", False):
         handlers["env"] = _env_or_mpi(env)
     _DONE.append(True)
-
-
-def entry_point() -> None:
-    """The ``torch.backends`` entry point torch runs at import: register, never fail torch's import."""
-    if os.environ.get("HPCDIST_TORCH_AUTOLOAD", "1") == "0":
-        return
-    try:
-        register()
-    except Exception as exc:  # pragma: no cover - a broken install must not break `import torch`
-        print(f"hpcdist: could not register the torch backend 'hpcdist': {exc}", file=sys.stderr)
 
 
 def create(opts: Any, pg_options: Any = None) -> Any:
