@@ -136,6 +136,11 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             opts.reduceOp = op
         check_tensors("all_reduce", "tensors", tensors)
         op = reduce_op("all_reduce", opts.reduceOp, tensors[0].dtype)
+        if len(tensors) == 1 and not opts.asyncOp:  # the hot path: one tensor, blocking
+            work = C.all_reduce(tensors[0], op, group=self._hpg, async_op=True)
+            if work is not None:
+                work.wait()
+            return done_work(tensors, "all_reduce")
         return self._many(
             "all_reduce",
             opts.asyncOp,

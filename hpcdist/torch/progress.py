@@ -20,8 +20,9 @@ them differently on different ranks, exactly as with torch's own MPI and
 gloo backends (docs/torch.md). Works the main thread waits on itself (no
 future asked for) never come here: the blocking path has no thread hop.
 
-Polling: test the head, spin briefly, then yield, then sleep with a growing
-pause capped at :data:`_MAX_PAUSE_S`; an empty queue sleeps on a condition.
+Polling: the head is tested in hpcdist's wait loop (spin, then yield the CPU
+between tests: a large message needs many tests to move, so no sleeping while
+work is pending); an empty queue sleeps on a condition.
 The thread needs ``MPI_THREAD_MULTIPLE``; with a lower thread level
 :func:`available` is False and futures complete on the thread that asks for
 them (no overlap, still correct).
@@ -30,17 +31,11 @@ them (no overlap, still correct).
 from __future__ import annotations
 
 import collections
-import os
 import threading
-import time
 from typing import Any
 
 __all__ = ["PROGRESS", "Progress", "available", "on_progress_thread"]
 
-_SPIN = 64  # tests before the first yield
-_YIELD_S = 50e-6  # yield the CPU (not the wait) this long, then sleep
-_MAX_PAUSE_S = 200e-6  # the longest sleep between two tests
-_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 _THREAD_OK: list[bool] = []
 
 
@@ -63,7 +58,7 @@ class Progress:
         self.ident = -1  # the thread's id once started (compared on every backend call)
 
     def submit(self, work: Any) -> None:
-        """Hand ``work`` over (it has ``_test() -> bool``, ``_settle()``, ``_expired(now) -> bool``)."""
+        """Hand ``work`` over (it has ``_complete_here()`` and ``_settle()``)."""
         with self._cv:
             self._queue.append(work)
             if self._thread is None:
@@ -85,32 +80,13 @@ class Progress:
                 while not queue:
                     cv.wait()
                 work = queue[0]
-            self._drive(work)
+            work._complete_here()  # tests its requests until done or timed out (hpcdist's wait loop)
             with cv:
                 queue.popleft()
             try:
                 work._settle()
             except BaseException:  # pragma: no cover - a callback's error lands in its future
                 pass
-
-    @staticmethod
-    def _drive(work: Any) -> None:
-        test = work._test
-        n = 0
-        start = time.monotonic()
-        pause = 10e-6
-        while not test():
-            n += 1
-            if n < _SPIN:
-                continue
-            now = time.monotonic()
-            if work._expired(now):
-                return
-            if now - start < _YIELD_S:
-                _yield()
-            else:
-                time.sleep(pause)
-                pause = min(pause * 2, _MAX_PAUSE_S)
 
 
 PROGRESS = Progress()

@@ -16,7 +16,6 @@ thread.
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -55,7 +54,6 @@ class HpcdistWork(dist._Work):
         self._exc: BaseException | None = None
         self._fut: Any = None
         self._owned: threading.Event | None = None  # set once the progress thread completed it
-        self._deadline = 0.0
         self._src_map = src_map  # global rank -> group rank, for recv's source
 
     # -- completion (one thread at a time) ------------------------------------------
@@ -87,15 +85,11 @@ class HpcdistWork(dist._Work):
         if src is not None and src >= 0 and self._src_map is not None:
             self._source = self._src_map.get(src, src)
 
-    def _expired(self, now: float) -> bool:
-        """For the progress thread: past the deadline, fail the work (its buffers stay referenced)."""
-        if now < self._deadline:
-            return False
+    def _complete_here(self) -> None:
+        """On the progress thread: wait for the requests (or the timeout), keeping any error."""
         with self._lock:
             if not self._done:
-                self._exc = timeout_error(self._name, self._timeout_s)
-                self._done = True
-        return True
+                self._wait_locked(self._timeout_s)
 
     def _settle(self) -> None:
         """After completion on the progress thread: release waiters, complete the future (callbacks run)."""
@@ -176,7 +170,6 @@ class HpcdistWork(dist._Work):
                     settle_now = True
                 elif progress.available() and not progress.on_progress_thread():
                     self._owned = threading.Event()
-                    self._deadline = time.monotonic() + self._timeout_s
                     progress.PROGRESS.submit(self)
                 else:  # no thread may call MPI beside this one: complete it here
                     self._wait_locked(self._timeout_s)
