@@ -1,0 +1,118 @@
+"""The progress thread: completes the futures of asynchronous torch Works.
+
+MPI moves a non-blocking operation forward only while some thread is inside
+an MPI call. A torch ``Work`` whose future was asked for (DDP's gradient
+buckets, communication hooks) is handed to this one thread per process,
+which tests its requests until they complete and then completes the
+``torch.futures.Future``, running its callbacks. So gradient all-reduces
+progress while the main thread computes the backward pass, and a C++ caller
+blocked in ``future.wait()`` (DDP's ``finalize_backward``) is released.
+
+Ordering (why it is correct under MPI): futures complete strictly in the
+order they were handed over (head of the queue first). Every rank hands over
+in program order, so the callbacks run in the same order on every rank, and
+a collective a callback issues (PowerSGD issues them inside callbacks) runs
+*synchronously* on the group's second communicator, reserved for this
+thread: the order of collectives on each communicator is the same on every
+rank, whatever the timing. Works the main thread waits on itself (no
+future asked for) never come here: the blocking fast path has no thread hop.
+
+Polling: test the head, spin briefly, then yield, then sleep with a growing
+pause capped at :data:`_MAX_PAUSE_S`; an empty queue sleeps on a condition.
+The thread needs ``MPI_THREAD_MULTIPLE``; with a lower thread level
+:func:`available` is False and futures complete on the thread that asks for
+them (no overlap, still correct).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from typing import Any
+
+__all__ = ["PROGRESS", "Progress", "available", "on_progress_thread"]
+
+_SPIN = 64  # tests before the first yield
+_YIELD_S = 50e-6  # yield the CPU (not the wait) this long, then sleep
+_MAX_PAUSE_S = 200e-6  # the longest sleep between two tests
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+_THREAD_OK: list[bool] = []
+
+
+def available() -> bool:
+    """Whether MPI runs at ``MPI_THREAD_MULTIPLE`` (a second thread may call MPI)."""
+    if not _THREAD_OK:
+        from mpi4py import MPI
+
+        _THREAD_OK.append(MPI.Query_thread() == MPI.THREAD_MULTIPLE)
+    return _THREAD_OK[0]
+
+
+class Progress:
+    """One daemon thread completing handed-over works in hand-over order."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._queue: collections.deque[Any] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self.ident = -1  # the thread's id once started (compared on every backend call)
+
+    def submit(self, work: Any) -> None:
+        """Hand ``work`` over (it has ``_test() -> bool``, ``_settle()``, ``_expired(now) -> bool``)."""
+        with self._cv:
+            self._queue.append(work)
+            if self._thread is None:
+                t = threading.Thread(target=self._run, name="hpcdist-torch-progress", daemon=True)
+                self._thread = t
+                t.start()
+                self.ident = t.ident or -1
+            self._cv.notify()
+
+    def pending(self) -> int:
+        with self._cv:
+            return len(self._queue)
+
+    def _run(self) -> None:
+        self.ident = threading.get_ident()
+        cv, queue = self._cv, self._queue
+        while True:
+            with cv:
+                while not queue:
+                    cv.wait()
+                work = queue[0]
+            self._drive(work)
+            with cv:
+                queue.popleft()
+            try:
+                work._settle()
+            except BaseException:  # pragma: no cover - a callback's error lands in its future
+                pass
+
+    @staticmethod
+    def _drive(work: Any) -> None:
+        test = work._test
+        n = 0
+        start = time.monotonic()
+        pause = 10e-6
+        while not test():
+            n += 1
+            if n < _SPIN:
+                continue
+            now = time.monotonic()
+            if work._expired(now):
+                return
+            if now - start < _YIELD_S:
+                _yield()
+            else:
+                time.sleep(pause)
+                pause = min(pause * 2, _MAX_PAUSE_S)
+
+
+PROGRESS = Progress()
+
+
+def on_progress_thread() -> bool:
+    """True inside the progress thread (a future's callback)."""
+    return threading.get_ident() == PROGRESS.ident
