@@ -115,8 +115,13 @@ def run(
             break
         # pytest itself died under a test (a signal, an internal error): that test failed, go on after it
         stuck = 0 if new else stuck + 1
-        crash = {"test": todo[0], "outcome": "failed", "when": "crash", "seconds": 0,
-                 "reason": f"the pytest launch died with exit code {rc} during this test"}
+        crash = {
+            "test": todo[0],
+            "outcome": "failed",
+            "when": "crash",
+            "seconds": 0,
+            "reason": f"the pytest launch died with exit code {rc} during this test",
+        }
         with open(record, "a") as f:
             f.write(json.dumps(crash) + "\n")
         todo = todo[1:]
@@ -125,8 +130,11 @@ def run(
 
 def merge() -> dict:
     """Every record file into one results dict: backend -> ranks -> test -> outcome and reason."""
-    out: dict = {"suite": "torch/testing/_internal/distributed/distributed_test.py DistributedTest._DistTestBase",
-                 "torch": _torch_version(), "results": {}}
+    out: dict = {
+        "suite": "torch/testing/_internal/distributed/distributed_test.py DistributedTest._DistTestBase",
+        "torch": _torch_version(),
+        "results": {},
+    }
     for path in sorted(RECORDS.glob("*.jsonl")):
         backend, ranks = path.stem.rsplit("-", 1)
         recs = read_record(path)
@@ -182,8 +190,12 @@ def main() -> int:
     r.add_argument("--ranks", default="2,3,4")
     r.add_argument("-k", dest="pattern", default=None, help="pytest -k expression selecting tests")
     r.add_argument("--tests", default=None, help="file with one test name per line")
-    r.add_argument("--only-passed-on", choices=BACKENDS, default=None,
-                   help="run only the tests that passed on this backend's record at the same rank count")
+    r.add_argument(
+        "--only-passed-on",
+        choices=BACKENDS,
+        default=None,
+        help="run only the tests that passed on this backend's record at the same rank count",
+    )
     r.add_argument("--limit", type=float, default=3600, help="seconds for each rank count")
     r.add_argument("--test-timeout", type=int, default=120)
     r.add_argument("--retry", action="store_true", help="run tests already recorded again")
@@ -205,8 +217,15 @@ def main() -> int:
         if args.only_passed_on:
             ref = read_record(Path(args.record_dir) / f"{args.only_passed_on}-{n}.jsonl")
             sel = [t for t in tests if ref.get(t, {}).get("outcome") == "passed"]
-        rec = run(args.backend, n, sel, limit=args.limit, test_timeout=args.test_timeout,
-                  record=Path(args.record_dir) / f"{args.backend}-{n}.jsonl", retry=args.retry)
+        rec = run(
+            args.backend,
+            n,
+            sel,
+            limit=args.limit,
+            test_timeout=args.test_timeout,
+            record=Path(args.record_dir) / f"{args.backend}-{n}.jsonl",
+            retry=args.retry,
+        )
         mine = {t: rec[t] for t in sel if t in rec}
         p, f, s = counts(mine)
         print(f"== {args.backend} at {n} ranks: {p} passed, {f} failed, {s} skipped, {len(sel) - len(mine)} not run")

@@ -40,7 +40,7 @@ torch.backends.cuda.matmul.allow_tf32 = False
 from torch.testing._internal.distributed import distributed_test as _dt  # noqa: E402
 
 if BACKEND != "gloo":
-    import hpcdist.torch  # noqa: E402, F401  registers the backend "hpcdist" with torch.distributed
+    import hpcdist.torch  # noqa: F401  registers the backend "hpcdist" with torch.distributed
 
     _dt.BACKEND = BACKEND
     os.environ["BACKEND"] = BACKEND
