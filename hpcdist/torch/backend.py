@@ -72,6 +72,23 @@ class HpcdistProcessGroup(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"<HpcdistProcessGroup {self._gname!r} rank {self.rank()}/{self.size()}>"
 
+    # torch names a group after its creator returns (_set_group_name/_set_group_desc) and reads the
+    # names back (destroy_process_group, functional collectives); the C++ base keeps them on its
+    # registered backends, of which a Python ProcessGroup has none, so they live here.
+    def _set_group_name(self, name: str) -> None:
+        self._gname = name
+
+    @property
+    def group_name(self) -> str:
+        return self._gname
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._gdesc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._gdesc
+
     @property
     def hpcdist_group(self) -> Any:
         """The hpcdist :class:`~hpcdist.group.ProcessGroup` behind this group (its ``comm`` is the MPI one)."""
