@@ -17,8 +17,12 @@ thread: the order of collectives on each communicator is the same on every
 rank, whatever the timing. Works the main thread waits on itself (no
 future asked for) never come here: the blocking fast path has no thread hop.
 
-Polling: test the head, spin briefly, then yield, then sleep with a growing
-pause capped at :data:`_MAX_PAUSE_S`; an empty queue sleeps on a condition.
+Polling: the head work is waited for as :func:`hpcdist.work.wait_requests`
+waits (``MPI_Test`` in a loop, spinning first, then yielding the CPU between
+tests): MPI moves a large non-blocking all-reduce one step per test, so a
+sleep between tests divides its bandwidth (sleeps of up to 200 µs made
+DDP's bucket all-reduces 5-10x slower than the blocking call). An empty
+queue sleeps on a condition.
 The thread needs ``MPI_THREAD_MULTIPLE``; with a lower thread level
 :func:`available` is False and futures complete on the thread that asks for
 them (no overlap, still correct).
@@ -27,17 +31,11 @@ them (no overlap, still correct).
 from __future__ import annotations
 
 import collections
-import os
 import threading
-import time
 from typing import Any
 
 __all__ = ["PROGRESS", "Progress", "available", "on_progress_thread"]
 
-_SPIN = 64  # tests before the first yield
-_YIELD_S = 50e-6  # yield the CPU (not the wait) this long, then sleep
-_MAX_PAUSE_S = 200e-6  # the longest sleep between two tests
-_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 _THREAD_OK: list[bool] = []
 
 
@@ -60,7 +58,7 @@ class Progress:
         self.ident = -1  # the thread's id once started (compared on every backend call)
 
     def submit(self, work: Any) -> None:
-        """Hand ``work`` over (it has ``_test() -> bool``, ``_settle()``, ``_expired(now) -> bool``)."""
+        """Hand ``work`` over (it has ``_wait_owned()``, returning once complete or expired, and ``_settle()``)."""
         with self._cv:
             self._queue.append(work)
             if self._thread is None:
@@ -92,22 +90,8 @@ class Progress:
 
     @staticmethod
     def _drive(work: Any) -> None:
-        test = work._test
-        n = 0
-        start = time.monotonic()
-        pause = 10e-6
-        while not test():
-            n += 1
-            if n < _SPIN:
-                continue
-            now = time.monotonic()
-            if work._expired(now):
-                return
-            if now - start < _YIELD_S:
-                _yield()
-            else:
-                time.sleep(pause)
-                pause = min(pause * 2, _MAX_PAUSE_S)
+        """Complete the head work, testing its requests as hpcdist's own wait does, until its deadline."""
+        work._wait_owned()
 
 
 PROGRESS = Progress()

@@ -87,15 +87,11 @@ class HpcdistWork(dist._Work):
         if src is not None and src >= 0 and self._src_map is not None:
             self._source = self._src_map.get(src, src)
 
-    def _expired(self, now: float) -> bool:
-        """For the progress thread: past the deadline, fail the work (its buffers stay referenced)."""
-        if now < self._deadline:
-            return False
+    def _wait_owned(self) -> None:
+        """For the progress thread: wait for the requests until the deadline (a timeout becomes the error)."""
         with self._lock:
             if not self._done:
-                self._exc = timeout_error(self._name, self._timeout_s)
-                self._done = True
-        return True
+                self._wait_locked(max(0.0, self._deadline - time.monotonic()))
 
     def _settle(self) -> None:
         """After completion on the progress thread: release waiters, complete the future (callbacks run)."""
