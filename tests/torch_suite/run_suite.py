@@ -200,6 +200,7 @@ def main() -> int:
     r.add_argument("--test-timeout", type=int, default=120)
     r.add_argument("--retry", action="store_true", help="run tests already recorded again")
     r.add_argument("--failed", action="store_true", help="run again only the tests recorded as failed")
+    r.add_argument("--failed", action="store_true", help="run again only the tests recorded as failed")
     r.add_argument("--record-dir", default=str(RECORDS))
     sub.add_parser("merge")
     sub.add_parser("summary")
@@ -218,14 +219,18 @@ def main() -> int:
         if args.only_passed_on:
             ref = read_record(Path(args.record_dir) / f"{args.only_passed_on}-{n}.jsonl")
             sel = [t for t in tests if ref.get(t, {}).get("outcome") == "passed"]
+        record = Path(args.record_dir) / f"{args.backend}-{n}.jsonl"
+        if args.failed:
+            old = read_record(record)
+            sel = [t for t in sel if old.get(t, {}).get("outcome") == "failed"]
         rec = run(
             args.backend,
             n,
             sel,
             limit=args.limit,
             test_timeout=args.test_timeout,
-            record=Path(args.record_dir) / f"{args.backend}-{n}.jsonl",
-            retry=args.retry,
+            record=record,
+            retry=args.retry or args.failed,
         )
         mine = {t: rec[t] for t in sel if t in rec}
         p, f, s = counts(mine)
