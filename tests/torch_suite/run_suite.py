@@ -200,7 +200,6 @@ def main() -> int:
     r.add_argument("--test-timeout", type=int, default=120)
     r.add_argument("--retry", action="store_true", help="run tests already recorded again")
     r.add_argument("--failed", action="store_true", help="run again only the tests recorded as failed")
-    r.add_argument("--failed", action="store_true", help="run again only the tests recorded as failed")
     r.add_argument("--record-dir", default=str(RECORDS))
     sub.add_parser("merge")
     sub.add_parser("summary")
