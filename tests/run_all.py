@@ -2,6 +2,7 @@
 
 Stages: lint (ruff), types (mypy), unit tests, MPI tests under ``mpiexec`` at
 1, 2, 3 and 4 ranks, integration tests (they launch their own processes),
+a subset of torch's own distributed test suite on the backend "hpcdist",
 GPU tests (skip without a GPU), the Sphinx docs with warnings as errors.
 Prints one closing line ``N passed, N failed, N skipped`` summed over the
 pytest stages; exits non-zero when any stage failed.
@@ -52,6 +53,14 @@ def stages(ranks: list[int], tmp: Path) -> list[tuple[str, list[str], Path | Non
             [PY, "-m", "pytest", "-q", "tests/integration", f"--junitxml={tmp / 'integ.xml'}"],
             tmp / "integ.xml",
             1200,
+        )
+    )
+    out.append(  # torch's own distributed suite on backend "hpcdist", the CI subset (gloo's passes must pass)
+        (
+            "torch-suite",
+            [PY, "-m", "pytest", "-q", "tests/torch_suite/test_ci_subset.py", f"--junitxml={tmp / 'torchsuite.xml'}"],
+            tmp / "torchsuite.xml",
+            900,
         )
     )
     out.append(("gpu", [PY, "-m", "pytest", "-q", "tests/gpu", f"--junitxml={tmp / 'gpu.xml'}"], tmp / "gpu.xml", 600))
