@@ -72,15 +72,21 @@ def create(opts: Any, pg_options: Any = None) -> Any:
     rank, size, timeout, name and the members' global ranks (empty for the
     default group). Collective over the group's members.
     """
-    from .backend import HpcdistProcessGroup
+    from .backend import BACKEND_NAME, HpcdistProcessGroup
+    from .devicemap import RoutedProcessGroup, device_map, make_delegates
     from .groups import attach
 
     timeout = opts.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(milliseconds=float(timeout))
+    rank, size, name = opts.group_rank, opts.group_size, str(opts.group_id)
     ranks = list(opts.global_ranks_in_group)
-    att = attach(opts.store, opts.group_rank, opts.group_size, timeout, ranks)
-    return HpcdistProcessGroup(att, opts.group_rank, opts.group_size, timeout, str(opts.group_id))
+    dmap = device_map(2)  # torch's map for this group, read from the caller
+    att = attach(opts.store, rank, size, timeout, ranks)
+    if all(b == BACKEND_NAME for b in dmap.values()):
+        return HpcdistProcessGroup(att, rank, size, timeout, name)
+    delegates = make_delegates(dmap, opts.store, rank, size, timeout, ranks, name)
+    return RoutedProcessGroup(att, rank, size, timeout, name, delegates=delegates)
 
 
 # ------------------------------------------------------------------ rendezvous
