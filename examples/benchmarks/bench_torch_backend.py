@@ -44,6 +44,8 @@ import subprocess
 import sys
 import time
 
+SIZES = (8, 64, 512, 4096, 32768, 262144, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+
 
 def _iters(nbytes: int) -> int:
     if nbytes <= 64 * 1024:
@@ -71,8 +73,7 @@ def bench_allreduce(args, tdist, gloo, comm, MPI) -> list[str]:
     import hpcdist
 
     rows = []
-    nbytes = 8
-    while nbytes <= args.max_bytes:
+    for nbytes in (n for n in SIZES if n <= args.max_bytes):
         t = torch.ones(nbytes // 4, dtype=torch.float32)
         a = t.numpy()  # the same memory
         it = _iters(nbytes)
@@ -88,7 +89,6 @@ def bench_allreduce(args, tdist, gloo, comm, MPI) -> list[str]:
                 n = it if name != "gloo" else max(it // 10, 3)  # gloo is slow at small sizes: fewer calls
                 best[name] = min(best[name], _time(fn, n, comm, MPI))
         rows.append((nbytes, best))
-        nbytes *= 8 if nbytes < 1 << 20 else 4
     head = (
         "| bytes | raw mpi4py µs | hpcdist direct µs | torch→hpcdist µs | dispatch adds µs | torch→gloo µs "
         "| gloo / torch→hpcdist |"
