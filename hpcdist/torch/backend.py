@@ -12,11 +12,14 @@ staged MPI for CUDA tensors).
 
 * ``opts.asyncOp`` False (a blocking call from Python): the operation runs
   to completion on the calling thread and an already-complete Work returns.
+  Both paths use MPI's non-blocking routines (MPI never matches a blocking
+  collective with a non-blocking one, and ranks may mix ``async_op``).
 * ``opts.asyncOp`` True (``async_op=True``, and every C++ caller): the MPI
   operation starts and a :class:`~hpcdist.torch.work.HpcdistWork` returns,
   completing when the MPI requests do.
-* Called on the progress thread (inside a future's callback): the operation
-  runs to completion there, on the group's callback communicator.
+* Called on the progress thread (inside a future's callback, e.g. PowerSGD's):
+  the operation runs to completion there, so a callback that waits on it
+  cannot block the thread that would complete it.
 
 Ranks in torch's options (``rootRank``, ``dstRank``, ``srcRank``) are group
 ranks. SPMD contract: torch's; every member calls the same collectives in
@@ -71,25 +74,20 @@ class HpcdistProcessGroup(dist.ProcessGroup):
     def name(self) -> str:
         return BACKEND_NAME
 
-    def __repr__(self) -> str:
-        return f"<HpcdistProcessGroup {self._gname!r} rank {self.rank()}/{self.size()}>"
-
-    # torch names a group after its creator returns (_set_group_name/_set_group_desc) and reads the
-    # names back (destroy_process_group, functional collectives); the C++ base keeps them on its
-    # registered backends, of which a Python ProcessGroup has none, so they live here.
-    def _set_group_name(self, name: str) -> None:
-        self._gname = name
-
-    @property
-    def group_name(self) -> str:
+    def getGroupName(self) -> str:
         return self._gname
 
-    def _set_group_desc(self, desc: str) -> None:
-        self._gdesc = desc
+    def setGroupName(self, group_name: str) -> None:
+        self._gname = group_name
 
-    @property
-    def group_desc(self) -> str:
+    def getGroupDesc(self) -> str:
         return self._gdesc
+
+    def setGroupDesc(self, group_desc: str) -> None:
+        self._gdesc = group_desc
+
+    def __repr__(self) -> str:
+        return f"<HpcdistProcessGroup {self._gname!r} rank {self.rank()}/{self.size()}>"
 
     @property
     def hpcdist_group(self) -> Any:
@@ -98,29 +96,26 @@ class HpcdistProcessGroup(dist.ProcessGroup):
 
     # -- the one template -------------------------------------------------------------
 
-    def _go(self, name: str, async_op: bool, result: list[Any], start: Callable[[Any, bool], Any]) -> HpcdistWork:
-        """Run ``start(hpcdist_group, async_op)``; wrap what it returns in a torch Work."""
-        if progress.PROGRESS.ident == _get_ident():  # inside a future callback: synchronous, callback comm
-            start(self._att.cb, False)
-            return done_work(result, name)
-        if not async_op:
-            start(self._hpg, False)
-            return done_work(result, name)
-        return HpcdistWork(start(self._hpg, True), result, name, self._timeout_s, self._g2l)
+    def _go(self, name: str, async_op: bool, result: list[Any], start: Callable[[Any], Any]) -> HpcdistWork:
+        """Start the MPI operation(s) with ``start(hpcdist_group)``; return a torch Work.
 
-    def _many(self, name: str, async_op: bool, result: list[Any], starts: list[Callable[[Any, bool], Any]]) -> Any:
+        Always the non-blocking MPI routines: MPI never matches a blocking
+        collective with a non-blocking one, and another rank may call this
+        one with ``async_op=True``. Blocking calls (and calls inside a future's
+        callback) wait here, on this thread.
+        """
+        if async_op and progress.PROGRESS.ident != _get_ident():
+            return HpcdistWork(start(self._hpg), result, name, self._timeout_s, self._g2l)
+        work = start(self._hpg)
+        if work is not None:
+            work.wait()
+        return done_work(result, name)
+
+    def _many(self, name: str, async_op: bool, result: list[Any], starts: list[Callable[[Any], Any]]) -> Any:
         """Several hpcdist calls as one Work (the coalesced and multi-tensor forms)."""
         if len(starts) == 1:
             return self._go(name, async_op, result, starts[0])
-
-        def start(g: Any, a: bool) -> Any:
-            if not a:
-                for s in starts:
-                    s(g, False)
-                return None
-            return combine([s(g, True) for s in starts], name, g)
-
-        return self._go(name, async_op, result, start)
+        return self._go(name, async_op, result, lambda g: combine([s(g) for s in starts], name, g))
 
     # -- collectives --------------------------------------------------------------------
 
@@ -132,7 +127,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             "broadcast",
             opts.asyncOp,
             tensors,
-            [lambda g, a, t=t: C.broadcast(t, group=g, async_op=a, group_src=root) for t in tensors],
+            [lambda g, t=t: C.broadcast(t, group=g, async_op=True, group_src=root) for t in tensors],
         )
 
     def allreduce(self, tensors: list[Any], opts: Any = None) -> Any:
@@ -149,7 +144,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             "all_reduce",
             opts.asyncOp,
             tensors,
-            [lambda g, a, t=t: C.all_reduce(t, op, group=g, async_op=a) for t in tensors],
+            [lambda g, t=t: C.all_reduce(t, op, group=g, async_op=True) for t in tensors],
         )
 
     def allreduce_coalesced(self, tensors: list[Any], opts: Any = None) -> Any:
@@ -160,7 +155,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             "all_reduce_coalesced",
             opts.asyncOp,
             tensors,
-            lambda g, a: C.all_reduce_coalesced(tensors, op, group=g, async_op=a),
+            lambda g: C.all_reduce_coalesced(tensors, op, group=g, async_op=True),
         )
 
     def reduce(self, tensors: list[Any], opts: Any = None) -> Any:
@@ -172,7 +167,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             "reduce",
             opts.asyncOp,
             tensors,
-            [lambda g, a, t=t: C.reduce(t, op=op, group=g, async_op=a, group_dst=root) for t in tensors],
+            [lambda g, t=t: C.reduce(t, op=op, group=g, async_op=True, group_dst=root) for t in tensors],
         )
 
     def allgather(self, output_tensors: list[list[Any]], input_tensors: list[Any], opts: Any = None) -> Any:
@@ -184,7 +179,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             opts.asyncOp,
             _flat(output_tensors),
             [
-                lambda g, a, o=o, i=i: C.all_gather(o, i, group=g, async_op=a)
+                lambda g, o=o, i=i: C.all_gather(o, i, group=g, async_op=True)
                 for o, i in zip(output_tensors, input_tensors, strict=True)
             ],
         )
@@ -196,7 +191,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             "all_gather_into_tensor",
             opts.asyncOp,
             [output],
-            lambda g, a: C.all_gather_into_tensor(output, input, group=g, async_op=a),
+            lambda g: C.all_gather_into_tensor(output, input, group=g, async_op=True),
         )
 
     _allgather_base = all_gather_single
@@ -208,7 +203,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             "all_gather_coalesced",
             opts.asyncOp,
             _flat(output_lists),
-            lambda g, a: C.all_gather_coalesced(output_lists, input_list, group=g, async_op=a),
+            lambda g: C.all_gather_coalesced(output_lists, input_list, group=g, async_op=True),
         )
 
     def all_gather_single_coalesced(self, outputs: list[Any], inputs: list[Any], opts: Any = None) -> Any:
@@ -219,7 +214,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             opts.asyncOp,
             list(outputs),
             [
-                lambda g, a, o=o, i=i: C.all_gather_into_tensor(o, i, group=g, async_op=a)
+                lambda g, o=o, i=i: C.all_gather_into_tensor(o, i, group=g, async_op=True)
                 for o, i in zip(outputs, inputs, strict=True)
             ],
         )
@@ -235,7 +230,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             "gather",
             opts.asyncOp,
             list(outs or []),
-            lambda g, a: C.gather(input_tensors[0], outs, group=g, async_op=a, group_dst=root),
+            lambda g: C.gather(input_tensors[0], outs, group=g, async_op=True, group_dst=root),
         )
 
     def scatter(self, output_tensors: list[Any], input_tensors: list[list[Any]], opts: Any = None) -> Any:
@@ -247,7 +242,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             "scatter",
             opts.asyncOp,
             list(output_tensors),
-            lambda g, a: C.scatter(output_tensors[0], ins, group=g, async_op=a, group_src=root),
+            lambda g: C.scatter(output_tensors[0], ins, group=g, async_op=True, group_src=root),
         )
 
     def reduce_scatter(self, output_tensors: list[Any], input_tensors: list[list[Any]], opts: Any = None) -> Any:
@@ -259,7 +254,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             opts.asyncOp,
             list(output_tensors),
             [
-                lambda g, a, o=o, i=i: C.reduce_scatter(o, i, op, group=g, async_op=a)
+                lambda g, o=o, i=i: C.reduce_scatter(o, i, op, group=g, async_op=True)
                 for o, i in zip(output_tensors, input_tensors, strict=True)
             ],
         )
@@ -272,7 +267,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             "reduce_scatter_tensor",
             opts.asyncOp,
             [output],
-            lambda g, a: C.reduce_scatter_tensor(output, input, op, group=g, async_op=a),
+            lambda g: C.reduce_scatter_tensor(output, input, op, group=g, async_op=True),
         )
 
     _reduce_scatter_base = reduce_scatter_single
@@ -286,7 +281,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             opts.asyncOp,
             list(outputs),
             [
-                lambda g, a, o=o, i=i: C.reduce_scatter_tensor(o, i, op, group=g, async_op=a)
+                lambda g, o=o, i=i: C.reduce_scatter_tensor(o, i, op, group=g, async_op=True)
                 for o, i in zip(outputs, inputs, strict=True)
             ],
         )
@@ -300,7 +295,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             "all_to_all",
             opts.asyncOp,
             list(output_tensors),
-            lambda g, a: C.all_to_all(output_tensors, input_tensors, group=g, async_op=a),
+            lambda g: C.all_to_all(output_tensors, input_tensors, group=g, async_op=True),
         )
 
     def all_to_all_single(
@@ -313,14 +308,14 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             "all_to_all_single",
             opts.asyncOp,
             [output],
-            lambda g, a: C.all_to_all_single(output, input, outs, ins, group=g, async_op=a),
+            lambda g: C.all_to_all_single(output, input, outs, ins, group=g, async_op=True),
         )
 
     alltoall_base = all_to_all_single
 
     def barrier(self, opts: Any = None) -> Any:
         opts = opts or _c10d.BarrierOptions()
-        return self._go("barrier", opts.asyncOp, [], lambda g, a: C.barrier(group=g, async_op=a))
+        return self._go("barrier", opts.asyncOp, [], lambda g: C.barrier(group=g, async_op=True))
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """hpcdist's monitored barrier on this group: names the ranks that did not arrive within ``timeout``."""
@@ -345,9 +340,8 @@ class HpcdistProcessGroup(dist.ProcessGroup):
     def _p2p(self, name: str, tensors: list[Any], start: Callable[[Any], Any]) -> Any:
         if len(tensors) != 1:
             raise ValueError(f"hpcdist backend: {name} takes exactly one tensor, got {len(tensors)}")
-        on_cb = progress.PROGRESS.ident == _get_ident()
-        work = HpcdistWork(start(self._att.cb if on_cb else self._hpg), list(tensors), name, self._timeout_s, self._g2l)
-        if on_cb:
+        work = HpcdistWork(start(self._hpg), list(tensors), name, self._timeout_s, self._g2l)
+        if progress.PROGRESS.ident == _get_ident():  # inside a future's callback: complete it here
             work.wait()
         return work
 

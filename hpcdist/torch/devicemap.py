@@ -65,7 +65,7 @@ def _gloo(store: Any, rank: int, size: int, timeout: timedelta, ranks: list[int]
 
     pg = ProcessGroupGloo(store, rank, size, timeout=timeout)
     pg.options.global_ranks_in_group = ranks
-    pg.options.group_name = name
+    pg.options.group_name = name  # type: ignore[assignment]
     return pg
 
 
@@ -81,7 +81,7 @@ def _nccl(store: Any, rank: int, size: int, timeout: timedelta, ranks: list[int]
     opts.is_high_priority_stream = False
     opts._timeout = timeout
     opts.global_ranks_in_group = ranks
-    opts.group_name = name
+    opts.group_name = name  # type: ignore[assignment]
     return ProcessGroupNCCL(store, rank, size, opts)
 
 

@@ -15,9 +15,8 @@ ranks of the members (empty for the default group):
   members' ranks of the world's communicator: collective over the members
   only, as torch calls the creator.
 
-Each group also gets a second communicator (a ``Dup``), used only by the
-progress thread for collectives issued inside future callbacks (see
-:mod:`hpcdist.torch.progress`). ``destroy_process_group`` frees both.
+``destroy_process_group`` frees the subgroup's communicator, and the world
+when the default group initialized it.
 """
 
 from __future__ import annotations
@@ -32,13 +31,12 @@ __all__ = ["Attached", "attach", "detach"]
 
 
 class Attached:
-    """The hpcdist side of one torch group: main and callback groups, and what to free."""
+    """The hpcdist side of one torch group, and what to free with it."""
 
-    __slots__ = ("cb", "main", "owns_main", "owns_world")
+    __slots__ = ("main", "owns_main", "owns_world")
 
-    def __init__(self, main: ProcessGroup, cb: ProcessGroup, owns_main: bool, owns_world: bool) -> None:
-        self.main = main  # for calls made by the program's threads
-        self.cb = cb  # for calls made inside future callbacks (the progress thread)
+    def __init__(self, main: ProcessGroup, owns_main: bool, owns_world: bool) -> None:
+        self.main = main
         self.owns_main = owns_main
         self.owns_world = owns_world
 
@@ -49,7 +47,7 @@ def attach(store: Any, rank: int, size: int, timeout: timedelta, global_ranks: l
         main, owns_main, owns_world = _subgroup(global_ranks, rank, timeout), True, False
     else:
         (main, owns_world), owns_main = _world(store, rank, size, timeout), False
-    return Attached(main, _twin(main), owns_main, owns_world)
+    return Attached(main, owns_main, owns_world)
 
 
 def _world(store: Any, rank: int, size: int, timeout: timedelta) -> tuple[ProcessGroup, bool]:
@@ -93,23 +91,8 @@ def _subgroup(global_ranks: list[int], rank: int, timeout: timedelta) -> Process
     return pg
 
 
-def _twin(pg: ProcessGroup) -> ProcessGroup:
-    """A second group over a Dup of ``pg``'s communicator (collective over ``pg``)."""
-    return ProcessGroup(
-        pg._comm.Dup(),
-        pg.ranks,
-        timeout=pg.timeout,
-        backend=dict(pg._backend_map),
-        backend_str=pg._backend_str,
-        group_name=f"{pg.group_name}/callbacks",
-        group_desc="hpcdist.torch callbacks",
-        store=pg._store,
-    )
-
-
 def detach(att: Attached) -> None:
     """Free what :func:`attach` made (``destroy_process_group``)."""
-    att.cb._free()
     if att.owns_main:
         destroy_group(att.main)
     if att.owns_world and WORLD.default_pg is not None:

@@ -8,14 +8,17 @@ which tests its requests until they complete and then completes the
 progress while the main thread computes the backward pass, and a C++ caller
 blocked in ``future.wait()`` (DDP's ``finalize_backward``) is released.
 
-Ordering (why it is correct under MPI): futures complete strictly in the
-order they were handed over (head of the queue first). Every rank hands over
-in program order, so the callbacks run in the same order on every rank, and
-a collective a callback issues (PowerSGD issues them inside callbacks) runs
-*synchronously* on the group's second communicator, reserved for this
-thread: the order of collectives on each communicator is the same on every
-rank, whatever the timing. Works the main thread waits on itself (no
-future asked for) never come here: the blocking fast path has no thread hop.
+Ordering: futures complete strictly in the order they were handed over
+(head of the queue first), so callbacks run in the same order on every rank.
+A collective issued inside a callback (PowerSGD issues them, then waits)
+runs to completion on this thread. MPI needs every rank to issue a group's
+collectives in one order: that holds when a callback's collectives come
+after everything the program issued before its future completed, as with
+one DDP bucket per step; a hook whose callbacks issue collectives while the
+program still issues others (PowerSGD with several buckets) can interleave
+them differently on different ranks, exactly as with torch's own MPI and
+gloo backends (docs/torch.md). Works the main thread waits on itself (no
+future asked for) never come here: the blocking path has no thread hop.
 
 Polling: the head work is waited for as :func:`hpcdist.work.wait_requests`
 waits (``MPI_Test`` in a loop, spinning first, then yielding the CPU between

@@ -159,6 +159,12 @@ for dt in (torch.float32, torch.int64, torch.bfloat16, torch.complex128, torch.b
         case(f"reduce_scatter_tensor/{dt}", lambda o=o, inp=inp: (dist.reduce_scatter_tensor(o, inp), o)[1])
         want[f"reduce_scatter_tensor/{dt}"] = sum((x_of(r, dt) for r in everyone[1:]), x_of(0, dt))
 
+# in place: the input is this rank's slot of the output (FSDP2 gathers so)
+slots = torch.zeros(n, 4)
+slots[rank] = torch.arange(4.0) + 10 * rank
+case("all_gather_into_tensor/in_place", lambda: (dist.all_gather_into_tensor(slots, slots[rank]), slots)[1])
+want["all_gather_into_tensor/in_place"] = torch.stack([torch.arange(4.0) + 10 * r for r in everyone])
+
 # all_to_all_single with uneven splits: rank r sends (j + 1) rows to rank j
 in_splits = [j + 1 for j in everyone]
 out_splits = [rank + 1] * n
