@@ -137,7 +137,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             op, opts = opts, _c10d.AllreduceOptions()
             opts.reduceOp = op
         if tensors and tensors[0].layout is torch.sparse_coo:  # gloo's sparse all-reduce: synchronous, SUM
-            return self._go("all_reduce", False, tensors, lambda g, a: all_reduce_sparse(tensors, opts.reduceOp, g))
+            return self._go("all_reduce", False, tensors, lambda g: all_reduce_sparse(tensors, opts.reduceOp, g))
         check_tensors("all_reduce", "tensors", tensors)
         op = reduce_op("all_reduce", opts.reduceOp, tensors[0].dtype)
         return self._many(
