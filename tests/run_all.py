@@ -2,7 +2,9 @@
 
 Stages: lint (ruff), types (mypy), unit tests, MPI tests under ``mpiexec`` at
 1, 2, 3 and 4 ranks, integration tests (they launch their own processes),
-the torch backend's tests (tests/torch), GPU tests (skip without a GPU), the Sphinx docs with warnings as errors.
+the torch backend's tests (tests/torch), a subset of torch's own distributed
+test suite on the backend "hpcdist", GPU tests (skip without a GPU), the
+Sphinx docs with warnings as errors.
 Prints one closing line ``N passed, N failed, N skipped`` summed over the
 pytest stages; exits non-zero when any stage failed.
 
@@ -59,6 +61,14 @@ def stages(ranks: list[int], tmp: Path) -> list[tuple[str, list[str], Path | Non
             "torch",
             [PY, "-m", "pytest", "-q", "tests/torch", f"--junitxml={tmp / 'torch.xml'}"],
             tmp / "torch.xml",
+            900,
+        )
+    )
+    out.append(  # torch's own distributed suite on backend "hpcdist", the CI subset (gloo's passes must pass)
+        (
+            "torch-suite",
+            [PY, "-m", "pytest", "-q", "tests/torch_suite/test_ci_subset.py", f"--junitxml={tmp / 'torchsuite.xml'}"],
+            tmp / "torchsuite.xml",
             900,
         )
     )

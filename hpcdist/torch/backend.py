@@ -33,6 +33,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
@@ -42,6 +43,7 @@ from ..collectives import combine
 from . import progress
 from .groups import Attached, detach
 from .ops import check_tensors, reduce_op
+from .sparse import all_reduce_sparse
 from .work import HpcdistWork, done_work
 
 __all__ = ["BACKEND_NAME", "HpcdistProcessGroup"]
@@ -134,6 +136,8 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         elif not isinstance(opts, _c10d.AllreduceOptions):  # torch allows allreduce(tensors, ReduceOp)
             op, opts = opts, _c10d.AllreduceOptions()
             opts.reduceOp = op
+        if tensors and tensors[0].layout is torch.sparse_coo:  # gloo's sparse all-reduce: synchronous, SUM
+            return self._go("all_reduce", False, tensors, lambda g: all_reduce_sparse(tensors, opts.reduceOp, g))
         check_tensors("all_reduce", "tensors", tensors)
         op = reduce_op("all_reduce", opts.reduceOp, tensors[0].dtype)
         if len(tensors) == 1 and not opts.asyncOp:  # the hot path: one tensor, blocking
