@@ -4,7 +4,8 @@ Stages: lint (ruff), types (mypy), unit tests, MPI tests under ``mpiexec`` at
 1, 2, 3 and 4 ranks, the checkpoint tests with parallel HDF5 (``mpio``, when
 scripts/h5py-mpi has built h5py with MPI), the collectives' tests at 4 ranks forced through the
 shared-memory engine (``HPCDIST_SHM=1``), integration tests (they launch their own processes),
-GPU tests (skip without a GPU), the Sphinx docs with warnings as errors.
+the torch backend's tests (tests/torch), a subset of torch's own distributed
+test suite on the backend "hpcdist", GPU tests (skip without a GPU), the Sphinx docs with warnings as errors.
 Prints one closing line ``N passed, N failed, N skipped`` summed over the
 pytest stages; exits non-zero when any stage failed.
 
@@ -62,6 +63,22 @@ def stages(ranks: list[int], tmp: Path) -> list[tuple[str, list[str], Path | Non
             [PY, "-m", "pytest", "-q", "tests/integration", f"--junitxml={tmp / 'integ.xml'}"],
             tmp / "integ.xml",
             1200,
+        )
+    )
+    out.append(  # the torch backend "hpcdist": programs under mpiexec against torch's gloo (skips without torch)
+        (
+            "torch",
+            [PY, "-m", "pytest", "-q", "tests/torch", f"--junitxml={tmp / 'torch.xml'}"],
+            tmp / "torch.xml",
+            900,
+        )
+    )
+    out.append(  # torch's own distributed suite on backend "hpcdist", the CI subset (gloo's passes must pass)
+        (
+            "torch-suite",
+            [PY, "-m", "pytest", "-q", "tests/torch_suite/test_ci_subset.py", f"--junitxml={tmp / 'torchsuite.xml'}"],
+            tmp / "torchsuite.xml",
+            900,
         )
     )
     out.append(("gpu", [PY, "-m", "pytest", "-q", "tests/gpu", f"--junitxml={tmp / 'gpu.xml'}"], tmp / "gpu.xml", 600))

@@ -48,6 +48,14 @@ def _msg(arr: Any) -> list[Any]:
     return [arr, mpi_datatype(arr.dtype)]
 
 
+def _is_own_slot(out: np.ndarray, inp: np.ndarray, rank: int) -> bool:
+    """Whether ``inp`` is exactly slot ``rank`` of ``out`` (an in-place all-gather)."""
+    if not np.may_share_memory(out, inp):
+        return False
+    start = out.__array_interface__["data"][0] + rank * inp.nbytes
+    return bool(inp.__array_interface__["data"][0] == start and out.dtype == inp.dtype)
+
+
 def _reduce_type(arr: np.ndarray) -> Any:
     return mpi_datatype(arr.dtype)
 
@@ -168,7 +176,9 @@ class MPIEngine:
 
     def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work | None:
         c = self.comm
-        args = (_msg(inp.arr), _msg(out.arr))
+        # torch allows the input to be this rank's slot of the output (FSDP2 gathers in place): MPI_IN_PLACE
+        send = _IN_PLACE if _is_own_slot(out.arr, inp.arr, c.Get_rank()) else _msg(inp.arr)
+        args = (send, _msg(out.arr))
         return self._run(
             sync, c.Iallgather, c.Allgather, args, out.writeback, (out, inp), "all_gather_into_tensor", out.obj
         )

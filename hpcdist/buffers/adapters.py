@@ -175,6 +175,10 @@ def _is_torch(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
+#: torch dtype -> the NumPy dtype name of its buffer, for dtypes hpcdist communicates (checked once)
+_TORCH_DTYPE_NAMES: dict[Any, str] = {}
+
+
 def _torch(obj: Any, argname: str, write: bool) -> Buf:
     import torch
 
@@ -205,8 +209,11 @@ def _torch(obj: Any, argname: str, write: bool) -> Buf:
             arr = base.numpy()
         except TypeError:
             raise TypeError(f"{argname} has dtype {t.dtype}, which hpcdist cannot communicate") from None
-        dtype = arr.dtype.name
-        _check_dtype(arr, argname)
+        name = _TORCH_DTYPE_NAMES.get(t.dtype)
+        if name is None:  # first tensor of this dtype: check it once (NumPy's dtype.name costs µs per call)
+            _check_dtype(arr, argname)
+            name = _TORCH_DTYPE_NAMES[t.dtype] = arr.dtype.name
+        dtype = name
     if contiguous:
         return Buf(arr, obj, dtype)
     if not write:

@@ -88,6 +88,11 @@ def _parser() -> _Parser:
     p.add_argument("--timeout", help="end the job after this many seconds (exit 124)")
     p.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
     p.add_argument("-m", dest="module", help="run a module, like python -m")
+    p.add_argument(
+        "--torch",
+        action="store_true",
+        help="register torch.distributed's backend 'hpcdist' before the program runs (python -m hpcdist.torch)",
+    )
     return p
 
 
@@ -167,6 +172,8 @@ def parse_args(argv: list[str]) -> RunOptions:
         hosts = parse_hosts(ns.hosts)
     except LaunchError as exc:
         raise UsageError(str(exc)) from None
+    if ns.torch:  # the program runs under `python -m hpcdist.torch`, which registers the backend first
+        program = ["-m", "hpcdist.torch", *program]
     return RunOptions(
         nprocs=nprocs,
         program=program,

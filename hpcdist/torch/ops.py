@@ -1,0 +1,102 @@
+"""torch's ``ReduceOp`` objects and tensor dtypes, checked and mapped to hpcdist's.
+
+torch hands the backend ``opts.reduceOp``, a ``torch.distributed.ReduceOp``
+whose ``.op`` is a ``RedOpType`` (same numeric values as hpcdist's) and, for
+``PREMUL_SUM`` (``_make_nccl_premul_sum(factor)``), a ``.factor``. Every op
+gloo supports (SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR) plus AVG and
+PREMUL_SUM works; bitwise ops need integer or bool tensors, MIN/MAX/PRODUCT
+and bitwise ops are undefined on complex tensors.
+
+Dtypes: bool, uint8, int8, int16, int32, int64, float16, bfloat16,
+float32, float64, complex64, complex128 (gloo's plus float16/bfloat16 and
+complex). Anything else raises TypeError naming the operation, the dtype and
+the list above, before any message moves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ops import RedOpType, ResolvedOp, resolve_op
+
+__all__ = ["SUPPORTED_DTYPES", "check_tensors", "reduce_op"]
+
+SUPPORTED_DTYPES = (
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+)
+_OK = frozenset(SUPPORTED_DTYPES)
+_NAMES = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
+_LOGICAL = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.bool: "bool"}
+
+
+def _dtype_error(opname: str, argname: str, t: Any) -> TypeError:
+    return TypeError(
+        f"hpcdist backend: {opname}: {argname} has dtype {t.dtype}, which hpcdist cannot communicate; "
+        f"supported dtypes: {_NAMES}"
+    )
+
+
+def check_tensors(opname: str, argname: str, tensors: Any) -> None:
+    """Raise TypeError unless every tensor of ``tensors`` (a list, maybe nested once) has a supported dtype."""
+    for t in tensors:
+        if isinstance(t, (list, tuple)):
+            for u in t:
+                if u.dtype not in _OK:
+                    raise _dtype_error(opname, argname, u)
+        elif t.dtype not in _OK:
+            raise _dtype_error(opname, argname, t)
+
+
+def _logical(dtype: Any) -> str:
+    name = _LOGICAL.get(dtype)
+    return name if name is not None else str(dtype).removeprefix("torch.")
+
+
+_CACHE: dict[tuple[int, Any], Any] = {}
+
+
+def reduce_op(opname: str, op: Any, dtype: Any) -> Any:
+    """torch's ``ReduceOp`` (or RedOpType) -> what :func:`hpcdist.all_reduce` takes as ``op``.
+
+    Raises ValueError naming the operation, the op, the dtype and what works.
+    """
+    kind = getattr(op, "op", op)
+    value = int(kind)
+    if value == RedOpType.PREMUL_SUM:
+        factor = getattr(op, "factor", None)
+        if factor is None:
+            raise ValueError(f"hpcdist backend: {opname}: ReduceOp.PREMUL_SUM needs a factor (_make_nccl_premul_sum)")
+        if isinstance(factor, torch.Tensor):
+            factor = factor.item()
+        hop: Any = RedOpType.PREMUL_SUM(factor)
+    else:
+        key = (value, dtype)
+        hit = _CACHE.get(key)
+        if hit is not None:
+            return hit
+        hop = RedOpType(value)
+    try:
+        checked: ResolvedOp = resolve_op(hop, _logical(dtype), "op")
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            f"hpcdist backend: {opname} with ReduceOp.{RedOpType(value).name} on dtype {dtype}: {exc}. "
+            "Supported: SUM, AVG, PREMUL_SUM on every dtype but bool (AVG/PREMUL_SUM); MIN, MAX, PRODUCT on "
+            "real dtypes; BAND, BOR, BXOR on integer and bool dtypes"
+        ) from None
+    del checked
+    if value != RedOpType.PREMUL_SUM:
+        _CACHE[(value, dtype)] = hop
+    return hop

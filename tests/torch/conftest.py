@@ -1,0 +1,87 @@
+"""Shared by the tests of the torch backend: launch a program of progs/ under mpiexec, load its output.
+
+Every program runs with backend "hpcdist" and with torch's own "gloo" (on
+loopback, MASTER_ADDR/MASTER_PORT set here) and saves per-rank results with
+``progs/common.save``; the tests compare the two and known answers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "integration"))
+
+from mpirun import ROOT, Result, mpiexec, run_limited  # noqa: E402
+
+torch = pytest.importorskip("torch", reason="the torch backend tests need torch")
+PROGS = HERE / "progs"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(
+    n: int,
+    prog: str,
+    backend: str,
+    out: Path,
+    *,
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    limit: float = 240,
+) -> Result:
+    """Run progs/``prog`` on ``n`` ranks with ``backend``, saving into ``out``; fail the test if it fails."""
+    out.mkdir(parents=True, exist_ok=True)
+    full = dict(os.environ)
+    full.pop("HPCDIST_TIMEOUT", None)
+    full.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HPCDIST_TIMEOUT": "120"})
+    full["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(PROGS), full.get("PYTHONPATH", "")])
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        full.pop(k, None)
+    if backend == "gloo":
+        full.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    full.update(env or {})
+    cmd = [mpiexec(), "-n", str(n), sys.executable, str(PROGS / prog), backend, str(out), *(args or [])]
+    res = run_limited(cmd, full, limit)
+    assert not res.timed_out, f"{prog} on {backend} ran past {limit}s:\n{res.output[-4000:]}"
+    assert res.returncode == 0, f"{prog} on {backend} failed (rc {res.returncode}):\n{res.output[-4000:]}"
+    return res
+
+
+def torchrun(n: int, prog: str, backend: str, out: Path, limit: float = 240) -> Result:
+    """Run progs/``prog`` under torchrun (no MPI launcher: the ranks join over MPI ports)."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HPCDIST_TIMEOUT="120")
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(k, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(PROGS)])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-addr", "127.0.0.1"]
+    cmd += ["--master-port", str(free_port()), str(PROGS / prog), backend, str(out)]
+    res = run_limited(cmd, env, limit)
+    assert not res.timed_out and res.returncode == 0, f"{prog} under torchrun failed:\n{res.output[-3000:]}"
+    return res
+
+
+def load(out: Path, name: str, rank: int) -> Any:
+    return torch.load(out / f"{name}.rank{rank}.pt", weights_only=False)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Bit-identical tensors (dtype, shape, values), recursively through lists, tuples and dicts."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return bool(a == b)

@@ -1,0 +1,67 @@
+"""How backend "hpcdist" gets registered: import, entry point, ``hpcdist run --torch``; no MPI at import."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from conftest import ROOT, run_limited
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = dict(os.environ, PYTHONPATH=str(ROOT), **env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full)
+
+
+def test_import_registers_without_touching_mpi() -> None:
+    out = _python(
+        """
+        import sys
+        import torch.distributed as dist
+        import hpcdist.torch
+        assert "HPCDIST" in dist.Backend._plugins, dist.Backend._plugins
+        assert dist.Backend.backend_capability["hpcdist"] == ["cpu", "cuda"]
+        assert "mpi4py.MPI" not in sys.modules, "importing hpcdist.torch initialized MPI"
+        print("ok")
+        """,
+        HPCDIST_TORCH_AUTOLOAD="0",
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_autoload_opt_out() -> None:
+    out = _python(
+        """
+        import torch.distributed as dist
+        print("HPCDIST" in dist.Backend._plugins)
+        """,
+        HPCDIST_TORCH_AUTOLOAD="0",
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_hpcdist_run_torch(tmp_path: Path) -> None:
+    """``hpcdist run --torch`` registers the backend for a script that never imports hpcdist."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import torch, torch.distributed as dist
+            dist.init_process_group("hpcdist")
+            t = torch.full((2,), float(dist.get_rank() + 1))
+            dist.all_reduce(t)
+            print(f"rank {dist.get_rank()} sum {t[0].item():g} args {sys.argv[1:]}", flush=True)
+            dist.destroy_process_group()
+            """
+        )
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HPCDIST_TORCH_AUTOLOAD="0", PYTHONUNBUFFERED="1")
+    hpcdist = [sys.executable, "-m", "hpcdist", "run", "-n", "2", "--torch", str(script), "x", "--y"]
+    res = run_limited(hpcdist, env, 120)
+    assert res.returncode == 0 and not res.timed_out, res.output[-3000:]
+    for r in range(2):
+        assert f"rank {r} sum 3 args ['x', '--y']" in res.stdout, res.output[-3000:]
