@@ -145,7 +145,7 @@ def _mpi_store(comm: Any, timeout: timedelta) -> Any:
     from ..rendezvous.group_store import LOOPBACK, all_on_one_node, host_address
 
     rank, size = comm.Get_rank(), comm.Get_size()
-    local = size == 1 or all_on_one_node(comm)
+    local = size == 1 or all_on_one_node(comm, timeout)
     server = None
     if rank == 0:
         try:
