@@ -414,7 +414,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--table", action="store_true", help="print the shared-memory selection table from the results")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
     args = p.parse_args(argv)
-    parse_sizes(args.sizes)  # bad sizes fail before MPI starts
+    try:
+        parse_sizes(args.sizes)  # bad sizes fail before MPI starts
+    except ValueError as exc:
+        p.error(str(exc))
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's deprecation notes on *_tensor names
     rows = run(args)
     from mpi4py import MPI

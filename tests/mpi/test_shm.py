@@ -202,3 +202,19 @@ def test_async_barrier_and_mixed_paths(sgroup):
     objs = [None] * len(members)
     dist.all_gather_object(objs, me(), group=g)  # object collectives (MPI) in between
     assert objs == members
+
+
+def test_empty_arrays(sgroup):
+    """Zero elements: nothing moves, no segment step is taken, the group stays in step."""
+    g, members = sgroup
+    if not members:
+        return
+    n = len(members)
+    e = np.zeros(0, np.float32)
+    dist.all_reduce(e, group=g)
+    dist.broadcast(e, group=g, group_src=0)
+    dist.all_gather_into_tensor(np.zeros(0, np.float32), e, group=g)
+    dist.reduce_scatter_tensor(np.zeros(0, np.float32), e, group=g)
+    x = np.full(5, 1.0)
+    dist.all_reduce(x, group=g)
+    assert np.array_equal(x, np.full(5, float(n)))

@@ -8,11 +8,19 @@
 * :mod:`.engine`      :class:`ShmEngine`, the host engine that puts them together.
 
 Nothing here runs at import; the segment is made by the first call that uses it.
+
+Composing (hierarchical collectives): ``node = node_comm(comm)`` gives the
+ranks of ``comm`` on this node (rank 0 of it is the node's leader);
+``seg = Segment(node, slot_bytes, timeout_s, (opname, pg))`` the segment over
+them; then e.g. ``algorithms.all_reduce(seg, x, x if leader else None, "SUM")``
+reduces inside the node into the leader, MPI runs among the leaders, and
+``algorithms.broadcast(seg, x, 0)`` hands the result back to the node.
 """
 
 from __future__ import annotations
 
-__all__ = ["ShmEngine", "host_engine", "node_comm", "node_identity"]
+__all__ = ["Segment", "ShmEngine", "host_engine", "node_comm", "node_identity"]
 
 from .engine import ShmEngine, host_engine
 from .node import node_comm, node_identity
+from .segment import Segment

@@ -157,7 +157,7 @@ class ShmEngine(MPIEngine):
         seg = self._use("all_gather_into_tensor", out.arr.nbytes)
         if seg is None:
             return super().all_gather_into(out, inp, sync)
-        rows = out.arr.reshape(seg.size, -1)
+        rows = out.arr.reshape(seg.size, out.arr.size // seg.size)
         alg.all_gather(seg, inp.arr.reshape(-1), list(rows))
         return self._done(sync, "all_gather_into_tensor", out.obj, out)
 
@@ -177,6 +177,6 @@ class ShmEngine(MPIEngine):
         if seg is None:
             return super().reduce_scatter_tensor(out, inp, rop, sync)
         half = out.dtype if out.dtype in HALF_DTYPES else None
-        srcs = list(inp.arr.reshape(seg.size, -1))
+        srcs = list(inp.arr.reshape(seg.size, inp.arr.size // seg.size))
         alg.reduce_scatter(seg, srcs, out.arr.reshape(-1), rop.mpi_name, half, rop.premul, rop.average)
         return self._done(sync, "reduce_scatter_tensor", out.obj, out)

@@ -85,6 +85,7 @@ class Segment:
             self.mem[:ctrl] = 0
         self.win.Sync()
         comm.Barrier()
+        self.win.Sync()  # acquire: every rank sees the zeroed counters
         self.step = 0
 
     # -- layout ------------------------------------------------------------

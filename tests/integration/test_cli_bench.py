@@ -1,0 +1,61 @@
+"""``hpcdist bench`` under a real mpiexec: tables, CSV, plot, the selection table's rows.
+
+Tiny sweeps with a hard time limit; the numbers are not checked (never timed
+assertions), only that every variant ran and the outputs are well formed.
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import sys
+
+import pytest
+from mpirun import run_limited
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _mpiexec() -> str:
+    return shutil.which("mpiexec") or "mpiexec"
+
+
+def test_bench_tables_csv_plot_and_selection(tmp_path):
+    pytest.importorskip("matplotlib")
+    out_csv, out_png = tmp_path / "b.csv", tmp_path / "b.png"
+    cmd = [_mpiexec(), "-n", "2", sys.executable, "-m", "hpcdist", "bench", "--ops", "all_reduce,broadcast,barrier"]
+    cmd += ["--sizes", "4K,64K", "--rounds", "1", "--iters", "0.02", "--csv", str(out_csv), "--plot", str(out_png)]
+    cmd += ["--table", "--progress"]
+    r = run_limited(cmd, env=_env(), limit=240)
+    assert not r.timed_out and r.returncode == 0, r.output
+    assert "### all_reduce, 2 ranks" in r.stdout and "### barrier, 2 ranks" in r.stdout
+    assert "| bytes | path | hpcdist µs | shm µs | raw µs |" in r.stdout
+    assert "'all_reduce': {2: " in r.stdout  # --table
+    assert "2/5" in r.stderr  # the progress bar counted the steps
+    rows = list(csv.DictReader(out_csv.open()))
+    variants = {row["variant"] for row in rows}
+    assert {"hpcdist", "shm", "raw"} <= variants
+    assert {(row["op"], row["bytes"]) for row in rows} == {
+        ("all_reduce", "4096"),
+        ("all_reduce", "65536"),
+        ("broadcast", "4096"),
+        ("broadcast", "65536"),
+        ("barrier", "0"),
+    }
+    assert all(float(row["time_us"]) > 0 for row in rows)
+    shm_rows = [row for row in rows if row["variant"] == "shm"]
+    assert all(row["path"] == "shm" for row in shm_rows)
+    assert out_png.stat().st_size > 1000 and out_png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_rejects_a_bad_size():
+    r = run_limited([sys.executable, "-m", "hpcdist", "bench", "--sizes", "12Q"], env=_env(), limit=60)
+    assert r.returncode != 0 and "--sizes" in r.output
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    env = dict(os.environ)
+    env.pop("HPCDIST_SHM", None)
+    return env
