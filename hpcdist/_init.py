@@ -23,6 +23,7 @@ from .backends import parse_backend
 from .debug import set_debug_level_from_env
 from .group import GroupMember, ProcessGroup, _check_timeout, destroy_group, resolve_group
 from .rendezvous import export_torchrun_env, group_store, join_world
+from .rendezvous.fields import check_rank_world_types
 from .topology import node_layout
 
 __all__ = [
@@ -61,9 +62,7 @@ def init_process_group(
     bmap = parse_backend(backend)
     bstr = "mpi" if backend is None else str(backend).lower()
     tmo = _check_timeout(timeout)
-    for name, value in (("rank", rank), ("world_size", world_size)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    check_rank_world_types(rank, world_size)
     if store is not None and init_method is not None:
         raise ValueError("init_method and store are mutually exclusive: pass one of them")
     if not isinstance(group_name, str):
@@ -74,7 +73,6 @@ def init_process_group(
     n = comm.Get_size()
     WORLD.reset()
     WORLD.launcher = joined.launcher
-    WORLD.init_method = init_method
     WORLD.device_id = device_id
     group_store = joined.store
     pg = ProcessGroup(

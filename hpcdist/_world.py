@@ -24,8 +24,7 @@ class World:
         self.store: Any = None  # the default group's store
         self.store_owned = False  # made by hpcdist (closed at destroy), not passed by the user
         self.joined_comm: Any = None  # what the rendezvous returned (freed at destroy unless COMM_WORLD)
-        self.launcher: str | None = None
-        self.init_method: str | None = None
+        self.launcher: str | None = None  # the MPI launcher that started the job; None: joined without one
         self.device_id: Any = None
         self.liveness: Any = None  # rendezvous.liveness.Liveness of a launcher-free world
         self.node_of: list[int] = []  # node index of every world rank (hpcdist.topology.node_layout)

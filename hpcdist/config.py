@@ -58,10 +58,12 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import Any
 
 __all__ = [
     "KNOBS",
     "abort_on_exception",
+    "check_timeout",
     "cuda_aware_override",
     "debug_level",
     "default_timeout",
@@ -72,6 +74,7 @@ __all__ = [
     "hierarchical_min_bytes",
     "nccl_watchdog_enabled",
     "object_unpickler",
+    "parse_number",
     "shm_mode",
     "shm_slot_bytes",
     "wait_mode",
@@ -115,18 +118,71 @@ def env_flag(name: str, default: bool | None) -> bool | None:
     raise ValueError(f"environment variable {name} must be one of 1/0/true/false/yes/no/on/off, got {raw!r}")
 
 
+def parse_number(raw: str, what: str, *, minimum: float, unit: str = "an integer", kind: type = int) -> Any:
+    """``kind(raw)`` when it is at least ``minimum`` (above it when ``kind`` is float).
+
+    The one parser of every numeric knob and command-line number: a bad value
+    raises ValueError "``what``: expected ``unit`` >= ``minimum``, got ``raw``".
+
+    Args:
+        raw: the text to parse (surrounding spaces are ignored).
+        what: names the source in the message (``"environment variable X"``, ``"--timeout"``).
+        minimum: the smallest accepted value; for ``kind=float`` the value must be greater.
+        unit: what the value counts, as the message says it (``"a number of bytes"``).
+        kind: ``int`` or ``float``.
+
+    Returns:
+        The parsed value.
+    """
+    bound = f"> {minimum:g}" if kind is float else f">= {minimum:g}"
+    try:
+        value = kind(str(raw).strip())
+    except ValueError:
+        value = None
+    if value is None or value < minimum or (kind is float and value == minimum):
+        raise ValueError(f"{what}: expected {unit} {bound}, got {raw!r}")
+    return value
+
+
+def _int_env(name: str, default: int, minimum: int, unit: str = "an integer") -> int:
+    """Integer knob ``name``: ``default`` when unset or empty, else :func:`parse_number`'s value."""
+    raw = os.environ.get(name, "")
+    if not raw.strip():
+        return default
+    return int(parse_number(raw, f"environment variable {name}", minimum=minimum, unit=unit))
+
+
 def default_timeout() -> timedelta:
     """The default timeout of blocking operations (``HPCDIST_TIMEOUT`` seconds)."""
-    raw = os.environ.get("HPCDIST_TIMEOUT")
-    if raw is None or raw.strip() == "":
+    raw = os.environ.get("HPCDIST_TIMEOUT", "")
+    if not raw.strip():
         return timedelta(minutes=30)
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise ValueError(f"environment variable HPCDIST_TIMEOUT must be a number of seconds, got {raw!r}") from None
-    if seconds <= 0:
-        raise ValueError(f"environment variable HPCDIST_TIMEOUT must be > 0 seconds, got {raw!r}")
-    return timedelta(seconds=seconds)
+    what = "environment variable HPCDIST_TIMEOUT"
+    return timedelta(seconds=parse_number(raw, what, minimum=0, unit="a number of seconds", kind=float))
+
+
+def check_timeout(timeout: object, arg: str = "timeout", *, seconds: bool = False) -> timedelta:
+    """``timeout`` as a positive timedelta, else TypeError/ValueError naming ``arg``.
+
+    The one check of every ``timeout=`` argument; ``None`` is the caller's to
+    replace (by :func:`default_timeout` or a store's own timeout) before.
+
+    Args:
+        timeout: a ``datetime.timedelta`` (or, with ``seconds=True``, a number of seconds).
+        arg: the argument's name, for the message.
+        seconds: accept an int or float number of seconds too (``monitored_barrier``, as torch).
+
+    Returns:
+        ``timeout`` as a timedelta.
+    """
+    if seconds and isinstance(timeout, int | float) and not isinstance(timeout, bool):
+        timeout = timedelta(seconds=timeout)
+    if not isinstance(timeout, timedelta):
+        accepted = "a datetime.timedelta or a number of seconds" if seconds else "a datetime.timedelta"
+        raise TypeError(f"{arg} must be {accepted}, got {type(timeout).__name__} ({timeout!r:.60})")
+    if timeout.total_seconds() <= 0:
+        raise ValueError(f"{arg} must be a positive timedelta, got {timeout!r}")
+    return timeout
 
 
 def abort_on_exception() -> bool:
@@ -182,18 +238,7 @@ DEFAULT_FLIGHT_ENTRIES = 2000
 
 def flight_recorder_size() -> int:
     """Entries kept per group by the flight recorder (``HPCDIST_FLIGHT_RECORDER``; 0: off)."""
-    raw = os.environ.get("HPCDIST_FLIGHT_RECORDER")
-    if raw is None or raw.strip() == "":
-        return DEFAULT_FLIGHT_ENTRIES
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(
-            f"environment variable HPCDIST_FLIGHT_RECORDER must be a number of entries (0: off), got {raw!r}"
-        ) from None
-    if n < 0:
-        raise ValueError(f"environment variable HPCDIST_FLIGHT_RECORDER must be >= 0, got {raw!r}")
-    return n
+    return _int_env("HPCDIST_FLIGHT_RECORDER", DEFAULT_FLIGHT_ENTRIES, 0, "a number of entries (0: off)")
 
 
 def flight_dir() -> str:
@@ -221,16 +266,7 @@ def hierarchical_min_bytes() -> int | None:
         return None
     if mode == "1":
         return 0
-    raw = os.environ.get("HPCDIST_HIER_MIN_BYTES", "").strip()
-    if not raw:
-        return DEFAULT_HIER_MIN_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"HPCDIST_HIER_MIN_BYTES must be a number of bytes, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"HPCDIST_HIER_MIN_BYTES must be >= 0, got {value}")
-    return value
+    return _int_env("HPCDIST_HIER_MIN_BYTES", DEFAULT_HIER_MIN_BYTES, 0, "a number of bytes")
 
 
 def shm_mode() -> str:
@@ -244,13 +280,7 @@ def shm_mode() -> str:
 
 def shm_slot_bytes() -> int:
     """Bytes per rank and pipeline stage of a shared-memory segment (``HPCDIST_SHM_SLOT``)."""
-    raw = os.environ.get("HPCDIST_SHM_SLOT", "").strip()
-    if not raw:
-        return 1 << 20
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable HPCDIST_SHM_SLOT must be a number of bytes, got {raw!r}") from None
-    if value < 64 or value % 64:
-        raise ValueError(f"environment variable HPCDIST_SHM_SLOT must be a multiple of 64 bytes >= 64, got {raw!r}")
+    value = _int_env("HPCDIST_SHM_SLOT", 1 << 20, 64, "a number of bytes")
+    if value % 64:
+        raise ValueError(f"environment variable HPCDIST_SHM_SLOT must be a multiple of 64 bytes >= 64, got {value}")
     return value

@@ -222,13 +222,8 @@ class group(metaclass=_WorldMeta):
 
 
 def _check_timeout(timeout: Any) -> timedelta:
-    if timeout is None:
-        return config.default_timeout()
-    if not isinstance(timeout, timedelta):
-        raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__} ({timeout!r})")
-    if timeout.total_seconds() <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout}")
-    return timeout
+    """``timeout``, or the default (``HPCDIST_TIMEOUT``) when None; checked by :func:`config.check_timeout`."""
+    return config.default_timeout() if timeout is None else config.check_timeout(timeout)
 
 
 def default_pg() -> ProcessGroup:

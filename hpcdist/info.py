@@ -22,16 +22,13 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hpcdist._launchenv import TORCHRUN_VARS
+
 __all__ = ["ENV_NAMES", "ENV_PREFIXES", "collect", "format_text", "main"]
 
 #: exact names of relevant variables (besides hpcdist's own knobs)
 ENV_NAMES = (
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
+    *TORCHRUN_VARS,
     "CUDA_VISIBLE_DEVICES",
     "TORCH_DISTRIBUTED_DEBUG",
     "LD_LIBRARY_PATH",

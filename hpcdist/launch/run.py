@@ -28,12 +28,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from hpcdist._launchenv import free_port
+from hpcdist.config import parse_number
 from hpcdist.launch.launchers import LaunchError, LaunchSpec, parse_hosts, read_hostfile, select_launcher
 
 __all__ = ["RunOptions", "UsageError", "build_command", "main", "parse_args"]
 
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # after a rank reported a failure, how long the launcher may take to end the job by itself
 _FAILURE_GRACE_S = 3.0
 
@@ -137,14 +139,12 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _positive_int(name: str, raw: str) -> int:
+def _number(raw: str, what: str, **kw) -> Any:
+    """:func:`hpcdist.config.parse_number`, its ValueError turned into a UsageError."""
     try:
-        value = int(raw)
-    except ValueError:
-        raise UsageError(f"{name}: expected an integer >= 1, got {raw!r}") from None
-    if value < 1:
-        raise UsageError(f"{name}: expected an integer >= 1, got {value}")
-    return value
+        return parse_number(raw, what, **kw)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def parse_args(argv: list[str]) -> RunOptions:
@@ -153,19 +153,14 @@ def parse_args(argv: list[str]) -> RunOptions:
     ns = _parser().parse_args(head)
     if ns.module:
         program = ["-m", ns.module, *program]
-    nprocs = _positive_int("-n/--nprocs", ns.nprocs)
+    nprocs = _number(ns.nprocs, "-n/--nprocs", minimum=1)
     if not program:
         raise UsageError("missing program: expected a script path or -m module after the options")
     if program[0] != "-m" and not Path(program[0]).is_file():
         raise UsageError(f"script {program[0]!r} not found (cwd {os.getcwd()})")
     timeout = None
     if ns.timeout is not None:
-        try:
-            timeout = float(ns.timeout)
-        except ValueError:
-            raise UsageError(f"--timeout: expected a number of seconds > 0, got {ns.timeout!r}") from None
-        if timeout <= 0:
-            raise UsageError(f"--timeout: expected a number of seconds > 0, got {ns.timeout!r}")
+        timeout = _number(ns.timeout, "--timeout", minimum=0, unit="a number of seconds", kind=float)
     if ns.hosts and ns.hostfile:
         raise UsageError("--hosts and --hostfile: expected one of them, got both")
     try:
@@ -190,12 +185,6 @@ def parse_args(argv: list[str]) -> RunOptions:
     )
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def _master(opts: RunOptions, launcher_name: str, env: Mapping[str, str]) -> tuple[str, str]:
     """``(MASTER_ADDR, MASTER_PORT)``: the user's when set; else the first host and a port."""
     hosts = opts.hosts or (read_hostfile(opts.hostfile) if opts.hostfile else [])
@@ -205,7 +194,7 @@ def _master(opts: RunOptions, launcher_name: str, env: Mapping[str, str]) -> tup
         hosts = expand_hostlist(env["SLURM_JOB_NODELIST"])[:1]
     local = {"localhost", "127.0.0.1", socket.gethostname(), socket.gethostname().split(".")[0]}
     addr = env.get("MASTER_ADDR") or (hosts[0] if hosts else "127.0.0.1")
-    port = env.get("MASTER_PORT") or str(_free_port() if addr in local else 29500)
+    port = env.get("MASTER_PORT") or str(free_port("127.0.0.1") if addr in local else 29500)
     return addr, port
 
 

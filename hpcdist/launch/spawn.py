@@ -25,7 +25,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-import socket
 import tempfile
 import time
 import traceback
@@ -33,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from hpcdist._launchenv import free_port, torchrun_values
 from hpcdist.errors import DistError, DistTimeoutError
 
 __all__ = ["ProcessContext", "ProcessExitedException", "ProcessRaisedException", "spawn"]
@@ -106,12 +106,6 @@ def _environ(env: dict[str, str]) -> Iterator[None]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class ProcessContext:
@@ -213,18 +207,11 @@ def spawn(
     if timeout is not None and not timeout > 0:
         raise ValueError(f"spawn: timeout must be > 0 seconds or None, got {timeout!r}")
     ctx: Any = multiprocessing.get_context(start_method)
-    port = master_port if master_port is not None else _free_port(master_addr)
+    port = master_port if master_port is not None else free_port(master_addr)
     error_dir = tempfile.TemporaryDirectory(prefix="hpcdist-spawn-")
     processes = []
     for rank in range(nprocs):
-        env = {
-            "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(port),
-            "RANK": str(rank),
-            "WORLD_SIZE": str(nprocs),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(nprocs),
-        }
+        env = torchrun_values(rank, nprocs, rank, nprocs, master_addr, port)
         error_file = os.path.join(error_dir.name, f"{rank}.err")
         proc = ctx.Process(target=_child, args=(fn, rank, args, env, error_file), daemon=daemon)
         with _environ(env):  # the child's interpreter starts with these (its __main__ may import mpi4py)

@@ -8,6 +8,7 @@ how many of how many joined.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -24,13 +25,22 @@ __all__ = ["Deadline", "arrive"]
 _SLICE = 1.0
 
 
-def _is_timeout(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return isinstance(exc, TimeoutError) or "timeout" in text or "timed out" in text
+def _torch_error(name: str) -> tuple[type, ...]:
+    """``torch.distributed.<name>`` when torch is loaded (the torch backend passes torch's store), else ()."""
+    cls = getattr(sys.modules.get("torch.distributed"), name, None)
+    return (cls,) if isinstance(cls, type) else ()
 
 
 def _is_lost_server(exc: BaseException) -> bool:
-    return isinstance(exc, DistNetworkError | ConnectionError | OSError) or type(exc).__name__ == "DistNetworkError"
+    """The store's server went away: hpcdist's stores raise DistNetworkError, torch's its own DistNetworkError."""
+    if isinstance(exc, TimeoutError):  # an OSError too, but only slow
+        return False
+    return isinstance(exc, (DistNetworkError, OSError, *_torch_error("DistNetworkError")))
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    """A wait that ran out: hpcdist's stores raise DistTimeoutError (a TimeoutError), torch's a DistStoreError."""
+    return isinstance(exc, (TimeoutError, *_torch_error("DistStoreError")))
 
 
 class Deadline:
@@ -65,7 +75,7 @@ class Deadline:
                 store.wait(keys, timedelta(seconds=max(0.001, min(left, step))))
                 return
             except Exception as exc:
-                if _is_lost_server(exc) and not isinstance(exc, TimeoutError):
+                if _is_lost_server(exc):
                     raise DistTimeoutError(message(True)) from None
                 if not _is_timeout(exc):
                     raise
@@ -73,7 +83,7 @@ class Deadline:
                 try:
                     refresh()
                 except Exception as exc:
-                    if _is_lost_server(exc):
+                    if _is_lost_server(exc) or isinstance(exc, TimeoutError):  # no reply: as good as gone
                         raise DistTimeoutError(message(True)) from None
                     raise
 

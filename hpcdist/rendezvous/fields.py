@@ -12,8 +12,10 @@ import socket
 from urllib.parse import parse_qsl
 
 __all__ = [
+    "RankTypeError",
     "check_port",
     "check_rank_world",
+    "check_rank_world_types",
     "env_int",
     "parse_int",
     "query_to_dict",
@@ -49,6 +51,21 @@ def env_int(name: str) -> int | None:
     if raw is None or not raw.strip():
         return None
     return parse_int(raw, field=name, where=f"environment variable {name}")
+
+
+class RankTypeError(TypeError, RuntimeError):
+    """A ``rank``/``world_size`` argument that is not an int.
+
+    A TypeError like every other argument of the wrong type in hpcdist, and a
+    RuntimeError because that is what torch's ``rendezvous()`` raises for it.
+    """
+
+
+def check_rank_world_types(rank: object, world_size: object) -> None:
+    """The one type check of ``rank=``/``world_size=`` arguments (bools refused): RankTypeError naming it."""
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RankTypeError(f"{name} must be an integer, got {type(value).__name__} ({value!r:.60})")
 
 
 def check_rank_world(rank: int, world_size: int, *, scheme: str) -> None:

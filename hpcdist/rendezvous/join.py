@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from hpcdist._timed import INIT_HINT, timed_allgather_json
+from hpcdist.config import check_timeout
 from hpcdist.errors import DistBackendError
 from hpcdist.rendezvous.detect import detect_launcher, launcher_rank_size
-from hpcdist.rendezvous.fields import check_rank_world, env_int, parse_int, query_to_dict
+from hpcdist.rendezvous.fields import check_rank_world, check_rank_world_types, env_int, parse_int, query_to_dict
 from hpcdist.rendezvous.ports import join_over_ports
 from hpcdist.rendezvous.registry import registered_schemes, rendezvous, scheme_of
 
@@ -88,11 +89,8 @@ def join_world(
 def _check_types(init_method: object, rank: object, world_size: object, timeout: object) -> None:
     if init_method is not None and not isinstance(init_method, str):
         raise TypeError(f"init_method must be a URL string such as 'env://' or None, got {type(init_method).__name__}")
-    for name, value in (("rank", rank), ("world_size", world_size)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
-        raise TypeError(f"timeout must be a positive datetime.timedelta, got {timeout!r}")
+    check_rank_world_types(rank, world_size)
+    check_timeout(timeout)
 
 
 # --- under an MPI launcher --------------------------------------------------------------

@@ -8,13 +8,12 @@ function ``handler(url, **kwargs)`` that yields ``(store, rank, world_size)``;
 
 from __future__ import annotations
 
-import numbers
 import re
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse, urlunparse
 
-from hpcdist.rendezvous.fields import query_to_dict
+from hpcdist.rendezvous.fields import check_rank_world_types, query_to_dict
 
 if TYPE_CHECKING:
     from hpcdist.store import Store
@@ -96,10 +95,7 @@ def rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs: Any) ->
         raise RuntimeError(f"`url` must be a string. {type(url)}: {url}")
     if isinstance(url, bytes):
         url = url.decode()
-    if not isinstance(rank, numbers.Integral) or isinstance(rank, bool):
-        raise RuntimeError(f"`rank` must be an integer. {rank}")
-    if not isinstance(world_size, numbers.Integral) or isinstance(world_size, bool):
-        raise RuntimeError(f"`world_size` must be an integer. {world_size}")
+    check_rank_world_types(rank, world_size)
     scheme = scheme_of(url)
     handler = _handlers.get(scheme)
     if handler is None:

@@ -8,11 +8,11 @@ Under ``mpiexec``/``srun`` nobody sets them; :func:`export_torchrun_env` does.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from hpcdist._launchenv import TORCHRUN_VARS, free_port, torchrun_values
 from hpcdist._timed import INIT_HINT, timed_bcast_json
 from hpcdist.config import default_timeout
 from hpcdist.rendezvous.group_store import host_address
@@ -23,14 +23,6 @@ if TYPE_CHECKING:
     from hpcdist.store import Store
 
 __all__ = ["TORCHRUN_VARS", "export_torchrun_env"]
-
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 def _master(store: Store | None, single_node: bool) -> tuple[str, str]:
@@ -46,7 +38,7 @@ def _master(store: Store | None, single_node: bool) -> tuple[str, str]:
     if not addr:
         addr = str(store_host) if store_host else ("127.0.0.1" if single_node else host_address())
     if not port:
-        port = str(_free_port())
+        port = str(free_port())
     return addr, port
 
 
@@ -83,14 +75,7 @@ def export_torchrun_env(
     single_node = local_size == world_size
     master = _master(store, single_node) if comm.Get_rank() == 0 else None
     addr, port = timed_bcast_json(comm, master, 0, limit, what, INIT_HINT)
-    values = {
-        "RANK": str(rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": str(local_rank),
-        "LOCAL_WORLD_SIZE": str(local_size),
-        "MASTER_ADDR": addr,
-        "MASTER_PORT": port,
-    }
+    values = torchrun_values(rank, world_size, local_rank, local_size, addr, port)
     for name, value in values.items():
         if os.environ.get(name) != value:
             os.environ[name] = value

@@ -14,6 +14,7 @@ import operator
 from collections.abc import Sequence
 from datetime import timedelta
 
+from ..config import check_timeout
 from ..errors import DistStoreError, DistTimeoutError
 
 __all__ = ["DEFAULT_STORE_TIMEOUT", "Store", "timeout_error"]
@@ -55,15 +56,6 @@ def to_bytes(value: object, arg: str = "value") -> bytes:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     raise TypeError(f"{arg} must be bytes, bytearray, memoryview or str, got {type(value).__name__}")
-
-
-def check_timeout(timeout: object, arg: str = "timeout") -> timedelta:
-    """A positive timedelta, else TypeError/ValueError naming the argument."""
-    if not isinstance(timeout, timedelta):
-        raise TypeError(f"{arg} must be a datetime.timedelta, got {type(timeout).__name__} ({timeout!r:.60})")
-    if timeout.total_seconds() <= 0:
-        raise ValueError(f"{arg} must be a positive timedelta, got {timeout!r}")
-    return timeout
 
 
 def timeout_error(op: str, keys: Sequence[object], seconds: float) -> DistTimeoutError:

@@ -58,7 +58,7 @@ def test_forms_of_n(script):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["-n", "0", "x.py"], "-n/--nprocs: expected an integer >= 1, got 0"),
+        (["-n", "0", "x.py"], "-n/--nprocs: expected an integer >= 1, got '0'"),
         (["-n", "two", "x.py"], "-n/--nprocs: expected an integer >= 1, got 'two'"),
         (["-n", "2"], "missing program"),
         (["-n", "2", "missing.py"], "script 'missing.py' not found"),

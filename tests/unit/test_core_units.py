@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -279,6 +280,60 @@ def test_bad_knobs_name_themselves(monkeypatch, name, value, fn):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=name):
         getattr(config, fn)()
+
+
+@pytest.mark.parametrize(
+    ("name", "fn", "good", "want", "bad", "message"),
+    [
+        ("HPCDIST_TIMEOUT", "default_timeout", "2.5", timedelta(seconds=2.5), "0", "a number of seconds > 0, got '0'"),
+        (
+            "HPCDIST_FLIGHT_RECORDER",
+            "flight_recorder_size",
+            " 16 ",
+            16,
+            "-1",
+            "a number of entries (0: off) >= 0, got '-1'",
+        ),
+        ("HPCDIST_HIER_MIN_BYTES", "hierarchical_min_bytes", "0", 0, "1k", "a number of bytes >= 0, got '1k'"),
+        ("HPCDIST_SHM_SLOT", "shm_slot_bytes", "128", 128, "32", "a number of bytes >= 64, got '32'"),
+    ],
+)
+def test_numeric_knobs_share_one_parser(monkeypatch, name, fn, good, want, bad, message):
+    """Every numeric knob: its value when good; else ValueError naming the variable, the bound and the value."""
+    from hpcdist import config
+
+    monkeypatch.delenv("HPCDIST_HIER", raising=False)
+    monkeypatch.setenv(name, good)
+    assert getattr(config, fn)() == want
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(ValueError) as info:
+        getattr(config, fn)()
+    assert str(info.value) == f"environment variable {name}: expected {message}"
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds", "error", "message"),
+    [
+        (30, False, TypeError, "t must be a datetime.timedelta, got int (30)"),
+        ("30", True, TypeError, "t must be a datetime.timedelta or a number of seconds, got str ('30')"),
+        (True, True, TypeError, "t must be a datetime.timedelta or a number of seconds, got bool (True)"),
+        (timedelta(0), False, ValueError, "t must be a positive timedelta, got datetime.timedelta(0)"),
+        (-1.0, True, ValueError, "t must be a positive timedelta, got datetime.timedelta(days=-1, seconds=86399)"),
+    ],
+)
+def test_check_timeout_names_argument_expectation_and_value(value, seconds, error, message):
+    from hpcdist.config import check_timeout
+
+    with pytest.raises(error) as info:
+        check_timeout(value, "t", seconds=seconds)
+    assert str(info.value) == message
+
+
+def test_check_timeout_accepts_timedelta_and_seconds():
+    from hpcdist.config import check_timeout
+
+    assert check_timeout(timedelta(seconds=3)) == timedelta(seconds=3)
+    assert check_timeout(1.5, seconds=True) == timedelta(seconds=1.5)
 
 
 def test_object_roundtrip_and_restricted_unpickler(monkeypatch):

@@ -210,19 +210,40 @@ def test_broken_mpich_detected(version, broken):
 
 
 @pytest.mark.parametrize(
-    ("kw", "match"),
+    ("kw", "error", "match"),
     [
-        ({"init_method": 5}, "init_method must be a URL string"),
-        ({"rank": "0"}, "rank must be an int"),
-        ({"world_size": True}, "world_size must be an int"),
-        ({"timeout": 30}, "timeout must be a positive datetime.timedelta"),
-        ({"timeout": timedelta(0)}, "timeout must be a positive datetime.timedelta"),
+        ({"init_method": 5}, TypeError, "init_method must be a URL string"),
+        ({"rank": "0"}, TypeError, "rank must be an int"),
+        ({"world_size": True}, TypeError, "world_size must be an int"),
+        ({"timeout": 30}, TypeError, "timeout must be a datetime.timedelta, got int"),
+        ({"timeout": timedelta(0)}, ValueError, "timeout must be a positive timedelta"),
     ],
 )
-def test_join_world_argument_types(kw, match):
+def test_join_world_argument_types(kw, error, match):
     from hpcdist.rendezvous import join_world
 
     args = {"init_method": None, "store": None, "rank": -1, "world_size": -1, "timeout": T, **kw}
     init_method = args.pop("init_method")
-    with pytest.raises(TypeError, match=match):
+    with pytest.raises(error, match=match):
         join_world(init_method, **args)
+
+
+@pytest.mark.parametrize("kw", [{"rank": "0"}, {"world_size": 1.5}, {"rank": True}])
+def test_rank_world_size_types_are_checked_alike_everywhere(kw):
+    """rendezvous(), join_world() and init_process_group() share one check: the same error, the same words."""
+    import hpcdist
+    from hpcdist.rendezvous import join_world
+
+    name = next(iter(kw))
+    calls = [
+        lambda: rendezvous("env://", **kw),
+        lambda: join_world(None, store=None, timeout=T, **{"rank": -1, "world_size": -1, **kw}),
+        lambda: hpcdist.init_process_group("mpi", **kw),
+    ]
+    messages = set()
+    for call in calls:
+        with pytest.raises(TypeError) as info:
+            call()
+        assert isinstance(info.value, RuntimeError)  # what torch's rendezvous() raises
+        messages.add(str(info.value))
+    assert messages == {f"{name} must be an integer, got {type(kw[name]).__name__} ({kw[name]!r})"}
