@@ -9,6 +9,7 @@ arrays, over any MPI. Importing hpcdist does no MPI work: MPI starts in
 
 from __future__ import annotations
 
+from . import group  # the module is torch's ``group`` namespace: ``hpcdist.group.WORLD`` (see its __getattr__)
 from ._init import (
     destroy_process_group,
     get_backend,
@@ -62,7 +63,6 @@ from .group import (
     get_global_rank,
     get_group_rank,
     get_process_group_ranks,
-    group,
     new_group,
     new_subgroups,
     new_subgroups_by_enumeration,

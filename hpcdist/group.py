@@ -13,19 +13,24 @@ calls them, in the same order, with the same arguments. A rank that does not
 call them makes the others raise :class:`~hpcdist.errors.DistTimeoutError`
 after the timeout. ``new_group(..., use_local_synchronization=True)`` is
 collective over the new group's members only.
+
+This module is also torch's ``group`` namespace: ``hpcdist.group.WORLD`` is
+the default group, as ``torch.distributed.group.WORLD`` (torch has a class
+there, hpcdist the module itself, so no class hides the module).
 """
 
 from __future__ import annotations
 
 import warnings
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import config
 from ._timed import guarded, timed_members_barrier, watched
-from ._world import WORLD, not_initialized
+from ._world import WORLD as _WORLD
+from ._world import not_initialized
 from .backends import backend_factory, parse_backend
 from .flight import new_ring
 
@@ -35,7 +40,6 @@ __all__ = [
     "get_global_rank",
     "get_group_rank",
     "get_process_group_ranks",
-    "group",
     "new_group",
     "new_subgroups",
     "new_subgroups_by_enumeration",
@@ -86,7 +90,7 @@ class ProcessGroup:
         self._monitored_seq = 0  # monitored_barrier's sequence number on this group
         self._node_local: int | None = None  # node-local rank (a collective to find; cached per group)
         # a world joined over MPI ports (no launcher): receives from any source probe first (work.ProbedRecv)
-        self._probe_any = WORLD.launcher is None and self._size > 1
+        self._probe_any = _WORLD.launcher is None and self._size > 1
 
     # torch's ProcessGroup API
     def rank(self) -> int:
@@ -207,8 +211,9 @@ def _call_lock() -> tuple[Any, str]:
 
 class _WorldMeta(type):
     @property
-    def WORLD(cls) -> Any:
-        return WORLD.default_pg
+    def WORLD(cls) -> ProcessGroup | None:
+        """The default process group (None before :func:`hpcdist.init_process_group`)."""
+        return _WORLD.default_pg
 
 
 class GroupMember(metaclass=_WorldMeta):
@@ -217,8 +222,23 @@ class GroupMember(metaclass=_WorldMeta):
     NON_GROUP_MEMBER = object()
 
 
-class group(metaclass=_WorldMeta):
-    """``group.WORLD`` is the default process group (None before init)."""
+if TYPE_CHECKING:
+    #: what ``__getattr__`` below gives; declared for mypy, which then still checks every other name
+    WORLD: ProcessGroup | None
+else:
+
+    def __getattr__(name: str) -> ProcessGroup | None:
+        """``hpcdist.group.WORLD``: the default process group, as torch's ``torch.distributed.group.WORLD``.
+
+        torch keeps its group functions in ``distributed_c10d`` and exports a class
+        ``group`` whose only attribute is ``WORLD``. hpcdist's group functions live in
+        this module, ``hpcdist.group``, which is therefore that namespace itself: no
+        class shadows the module (``import hpcdist.group`` and ``hpcdist.group.WORLD``
+        both work, and ``hpcdist.group.new_group`` is ``hpcdist.new_group``).
+        """
+        if name == "WORLD":
+            return _WORLD.default_pg
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_timeout(timeout: Any) -> timedelta:
@@ -227,7 +247,7 @@ def _check_timeout(timeout: Any) -> timedelta:
 
 
 def default_pg() -> ProcessGroup:
-    pg = WORLD.default_pg
+    pg = _WORLD.default_pg
     if pg is None:
         raise not_initialized()
     return pg
@@ -236,7 +256,7 @@ def default_pg() -> ProcessGroup:
 def resolve_group(group: Any, opname: str = "") -> ProcessGroup | None:
     """``group`` argument -> ProcessGroup, or None when this rank is not a member (warns)."""
     if group is None:
-        pg = WORLD.default_pg
+        pg = _WORLD.default_pg
         if pg is None:
             raise not_initialized()
         return pg
@@ -245,10 +265,10 @@ def resolve_group(group: Any, opname: str = "") -> ProcessGroup | None:
             raise ValueError(f"group {group.group_name!r} was destroyed (destroy_process_group); create a new one")
         return group
     if group is GroupMember.NON_GROUP_MEMBER:
-        if WORLD.default_pg is None:
+        if _WORLD.default_pg is None:
             raise not_initialized()
         warnings.warn(
-            f"Running {opname or 'a collective'} on a group this rank (global rank {WORLD.default_pg.rank()}) "
+            f"Running {opname or 'a collective'} on a group this rank (global rank {_WORLD.default_pg.rank()}) "
             "does not belong to: it does nothing and returns None",
             stacklevel=3,
         )
@@ -327,7 +347,7 @@ def _make_pg(comm: Any, ranks: list[int], timeout: timedelta, backend: Any, desc
         bmap, bstr = dict(world._backend_map), world._backend_str
     else:
         bmap, bstr = parse_backend(backend), str(backend).lower()
-    name = WORLD.next_name()
+    name = _WORLD.next_name()
     pg = ProcessGroup(
         comm,
         ranks,
@@ -338,7 +358,7 @@ def _make_pg(comm: Any, ranks: list[int], timeout: timedelta, backend: Any, desc
         group_desc=desc or "undefined",
         store=world._store,
     )
-    WORLD.groups[name] = pg
+    _WORLD.groups[name] = pg
     return pg
 
 
@@ -378,7 +398,7 @@ def new_group(
     pos = {g: i for i, g in enumerate(members)}
     comm = _split(world._comm, 0 if me in pos else MPI.UNDEFINED, pos.get(me, 0), tmo, "new_group")
     if me not in pos:
-        WORLD.next_name()  # keep group names aligned across ranks
+        _WORLD.next_name()  # keep group names aligned across ranks
         return GroupMember.NON_GROUP_MEMBER
     return _make_pg(comm, members, tmo, backend, group_desc)
 
@@ -409,7 +429,7 @@ def _split_many(
             mine = _make_pg(comm, lst, timeout, backend, desc)
             out.append(mine)
         else:
-            WORLD.next_name()
+            _WORLD.next_name()
             out.append(GroupMember.NON_GROUP_MEMBER)
     return mine, out
 
@@ -435,7 +455,7 @@ def new_subgroups(
     if group_size is None:  # the parent's ranks on this node (hpcdist.topology: right without a launcher too)
         from .topology import local_rank_size, node_of_ranks
 
-        group_size = local_rank_size(node_of_ranks(WORLD.node_of, parent._ranks), parent._rank)[1]
+        group_size = local_rank_size(node_of_ranks(_WORLD.node_of, parent._ranks), parent._rank)[1]
     if isinstance(group_size, bool) or not isinstance(group_size, int):
         raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
     n = parent.size()
@@ -563,5 +583,5 @@ def _as_pg(group: Any, what: str) -> ProcessGroup:
 
 
 def destroy_group(pg: ProcessGroup) -> None:
-    WORLD.groups.pop(pg.group_name, None)
+    _WORLD.groups.pop(pg.group_name, None)
     pg._free()

@@ -354,3 +354,16 @@ def test_object_roundtrip_and_restricted_unpickler(monkeypatch):
 
     with pytest.raises(pickle.UnpicklingError, match="restricted"):
         loads(dumps(Evil()))
+
+
+def test_group_module_is_torchs_group_namespace():
+    """``hpcdist.group`` is one object: the module of the group functions, with torch's ``group.WORLD``."""
+    import importlib
+
+    import hpcdist.group as imported
+
+    assert imported is importlib.import_module("hpcdist.group") is dist.group
+    assert dist.group.new_group is dist.new_group and dist.group.ProcessGroup is dist.ProcessGroup
+    assert dist.group.WORLD is None and dist.GroupMember.WORLD is None  # before init_process_group
+    with pytest.raises(AttributeError, match=r"'hpcdist\.group' has no attribute 'WROLD'"):
+        dist.group.WROLD  # noqa: B018
