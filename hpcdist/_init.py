@@ -46,16 +46,31 @@ def init_process_group(
     group_name: str = "",
     pg_options: Any = None,
     device_id: Any = None,
-    _ranks: list[int] | None = None,
 ) -> None:
     """Initialize the default process group (collective over all processes).
 
-    ``backend``: ``"mpi"`` (default), ``"gloo"`` (accepted; runs on MPI),
-    ``"nccl"`` (CUDA arrays through NCCL) or a device map such as
-    ``"cpu:mpi,cuda:nccl"``. Under an MPI launcher, ``rank``/``world_size``
-    may be left at -1 (or the tutorial's ``rank=0, world_size=0``); values
-    that contradict the launch raise ValueError. ``timeout`` bounds every
-    blocking operation of the group (default 30 min, ``HPCDIST_TIMEOUT``).
+    SPMD: every process of the job calls it once (again only after
+    :func:`destroy_process_group`), with compatible arguments. Under an MPI
+    launcher rank and size come from MPI; otherwise the processes meet through
+    ``init_method`` or ``store`` and are joined into one MPI communicator.
+
+    Args:
+        backend: ``"mpi"`` (default), ``"gloo"`` (accepted; runs on MPI), ``"nccl"`` (CUDA arrays
+            through NCCL) or a device map such as ``"cpu:mpi,cuda:nccl"``.
+        init_method: a rendezvous URL (``env://``, ``tcp://host:port``, ``file:///path``,
+            ``mpi://``) for processes no MPI launcher started (default ``env://`` there); exclusive
+            with ``store``.
+        timeout: bounds every blocking operation of the default group (default 30 min,
+            ``HPCDIST_TIMEOUT``).
+        world_size: the number of processes; under an MPI launcher it may stay -1 (or the
+            tutorial's 0), and a value that contradicts the launch raises ValueError.
+        rank: this process's rank, with the same rules as ``world_size``.
+        store: a key-value store all processes reach (instead of ``init_method``); it becomes the
+            default group's store.
+        group_name: the default group's name (default ``"default_pg"``).
+        pg_options: accepted for torch compatibility and ignored (MPI takes no per-group options).
+        device_id: the CUDA device this rank uses (an int, ``"cuda:N"`` or a ``torch.device``): CUDA
+            collectives check that it is current, and :func:`hpcdist.device_for_local_rank` returns it.
     """
     if WORLD.default_pg is not None:
         raise ValueError("trying to initialize the default process group twice; call destroy_process_group() first")
@@ -160,6 +175,10 @@ def destroy_process_group(group: Any = None) -> None:
 
     Collective over the group's members. After destroying everything,
     :func:`init_process_group` may be called again.
+
+    Args:
+        group: the group to destroy (None: every group, then the default one, and the store
+            hpcdist made).
     """
     if group is None or group is WORLD.default_pg:
         if WORLD.default_pg is None:
@@ -217,13 +236,27 @@ def _member_pg(group: Any, what: str) -> ProcessGroup | None:
 
 
 def get_rank(group: Any = None) -> int:
-    """This process's rank in ``group`` (default: the world); -1 for a non-member."""
+    """This process's rank in ``group`` (default: the world); -1 for a non-member.
+
+    Args:
+        group: the group (None: the default group).
+
+    Returns:
+        The rank in ``group``, or -1 when this process is not a member.
+    """
     pg = _member_pg(group, "get_rank")
     return -1 if pg is None else pg._rank
 
 
 def get_world_size(group: Any = None) -> int:
-    """The number of ranks in ``group`` (default: the world); -1 for a non-member."""
+    """The number of ranks in ``group`` (default: the world); -1 for a non-member.
+
+    Args:
+        group: the group (None: the default group).
+
+    Returns:
+        The group's size, or -1 when this process is not a member.
+    """
     pg = _member_pg(group, "get_world_size")
     return -1 if pg is None else pg._size
 
@@ -232,12 +265,25 @@ def get_backend(group: Any = None) -> str:
     """The backend name of ``group``: ``"mpi"``, ``"gloo"`` (which runs on MPI), ``"nccl"`` or a device map.
 
     Raises ValueError (no warning) on a rank that is not a member, as torch.
+
+    Args:
+        group: the group (None: the default group).
+
+    Returns:
+        The backend as given to :func:`init_process_group` or :func:`new_group`, in lower case.
     """
     return _queried_pg(group, "get_backend")._backend_str
 
 
 def get_backend_config(group: Any = None) -> str:
-    """The device map of ``group``'s backend, e.g. ``"cpu:mpi,cuda:mpi"``."""
+    """The device map of ``group``'s backend, e.g. ``"cpu:mpi,cuda:mpi"``.
+
+    Args:
+        group: the group (None: the default group).
+
+    Returns:
+        ``device:backend`` pairs, comma-separated, in device order.
+    """
     pg = _queried_pg(group, "get_backend_config")
     return ",".join(f"{d}:{b}" for d, b in sorted(pg._backend_map.items()))
 

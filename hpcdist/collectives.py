@@ -143,6 +143,16 @@ def broadcast(
     """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank of the group.
 
     Every rank passes an array of the same dtype and size.
+
+    Args:
+        tensor: the data to send on ``src``; elsewhere the array that receives it (written in place).
+        src: the source, a global rank; give ``src`` or ``group_src``, not both.
+        group: the process group (None: the default group); a non-member returns None at once.
+        async_op: return a :class:`~hpcdist.work.Work` to wait on instead of blocking.
+        group_src: the source as a rank of ``group``.
+
+    Returns:
+        A :class:`~hpcdist.work.Work` with ``async_op=True``; else None (also on a non-member).
     """
     pg = resolve_group(group, "broadcast")
     if pg is None:
@@ -158,6 +168,15 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
 
     Every rank passes an array of the same dtype and size. float16/bfloat16
     are reduced in float32 and rounded once.
+
+    Args:
+        tensor: the input and output of the reduction (written in place on every rank).
+        op: a :class:`~hpcdist.ops.ReduceOp` (default SUM), or ``ReduceOp.PREMUL_SUM(factor)``.
+        group: the process group (None: the default group); a non-member returns None at once.
+        async_op: return a :class:`~hpcdist.work.Work` to wait on instead of blocking.
+
+    Returns:
+        A :class:`~hpcdist.work.Work` with ``async_op=True``; else None (also on a non-member).
     """
     pg = resolve_group(group, "all_reduce")
     if pg is None:
@@ -188,7 +207,21 @@ def reduce(
     async_op: bool = False,
     group_dst: int | None = None,
 ) -> Work | None:
-    """Reduce ``tensor`` over the group into ``tensor`` on rank ``dst`` (others' are left as they were)."""
+    """Reduce ``tensor`` over the group into ``tensor`` on rank ``dst`` (others' are left as they were).
+
+    Every rank passes an array of the same dtype and size.
+
+    Args:
+        tensor: this rank's input; on ``dst`` also the output (written in place).
+        dst: the destination, a global rank; give ``dst`` or ``group_dst``, not both.
+        op: a :class:`~hpcdist.ops.ReduceOp` (default SUM), or ``ReduceOp.PREMUL_SUM(factor)``.
+        group: the process group (None: the default group); a non-member returns None at once.
+        async_op: return a :class:`~hpcdist.work.Work` to wait on instead of blocking.
+        group_dst: the destination as a rank of ``group``.
+
+    Returns:
+        A :class:`~hpcdist.work.Work` with ``async_op=True``; else None (also on a non-member).
+    """
     pg = resolve_group(group, "reduce")
     if pg is None:
         return None
@@ -200,7 +233,21 @@ def reduce(
 
 
 def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, async_op: bool = False) -> Work | None:
-    """All-reduce several arrays of one dtype in one MPI call (packed, then unpacked)."""
+    """All-reduce several arrays of one dtype in one MPI call (packed, then unpacked).
+
+    Every rank passes the same number of arrays, with the same dtypes and
+    sizes in the same order. Complex arrays may join a list of their real
+    element type when ``op`` acts elementwise (SUM, AVG, PREMUL_SUM), as torch.
+
+    Args:
+        tensors: the arrays to reduce, each in place; at least one.
+        op: a :class:`~hpcdist.ops.ReduceOp` (default SUM), or ``ReduceOp.PREMUL_SUM(factor)``.
+        group: the process group (None: the default group); a non-member returns None at once.
+        async_op: return a :class:`~hpcdist.work.Work` to wait on instead of blocking.
+
+    Returns:
+        A :class:`~hpcdist.work.Work` with ``async_op=True``; else None (also on a non-member).
+    """
     pg = resolve_group(group, "all_reduce_coalesced")
     if pg is None:
         return None
@@ -284,6 +331,15 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
 
     ``tensor_list`` holds one array per group rank; its entry ``r`` must have
     the size of rank ``r``'s ``tensor`` (sizes may differ between ranks).
+
+    Args:
+        tensor_list: the outputs, one array per group rank, of ``tensor``'s dtype.
+        tensor: this rank's input.
+        group: the process group (None: the default group); a non-member returns None at once.
+        async_op: return a :class:`~hpcdist.work.Work` to wait on instead of blocking.
+
+    Returns:
+        A :class:`~hpcdist.work.Work` with ``async_op=True``; else None (also on a non-member).
     """
     pg = resolve_group(group, "all_gather")
     if pg is None:
@@ -297,7 +353,19 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
 def all_gather_into_tensor(
     output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False
 ) -> Work | None:
-    """Gather every rank's ``input_tensor`` into ``output_tensor`` (group size x its size), in rank order."""
+    """Gather every rank's ``input_tensor`` into ``output_tensor`` (group size x its size), in rank order.
+
+    Every rank passes inputs of the same dtype and size.
+
+    Args:
+        output_tensor: the output, group size x ``input_tensor``'s elements; rank ``r``'s input lands in chunk ``r``.
+        input_tensor: this rank's input (it may be this rank's chunk of ``output_tensor``).
+        group: the process group (None: the default group); a non-member returns None at once.
+        async_op: return a :class:`~hpcdist.work.Work` to wait on instead of blocking.
+
+    Returns:
+        A :class:`~hpcdist.work.Work` with ``async_op=True``; else None (also on a non-member).
+    """
     pg = resolve_group(group, "all_gather_into_tensor")
     if pg is None:
         return None
@@ -322,6 +390,15 @@ def all_gather_coalesced(
     As torch documents: ``output_tensor_lists`` holds one list per group rank
     ``r``, each with one array per input, where rank ``r``'s
     ``input_tensor_list[i]`` lands.
+
+    Args:
+        output_tensor_lists: one list per group rank, each with one output array per input.
+        input_tensor_list: this rank's inputs; every rank passes as many.
+        group: the process group (None: the default group); a non-member returns None at once.
+        async_op: return a :class:`~hpcdist.work.Work` to wait on instead of blocking.
+
+    Returns:
+        A :class:`~hpcdist.work.Work` with ``async_op=True``; else None (also on a non-member).
     """
     pg = resolve_group(group, "all_gather_coalesced")
     if pg is None:
@@ -372,6 +449,17 @@ def gather(
 
     ``gather_list`` (one array per group rank, entry ``r`` of rank ``r``'s
     size) is required on ``dst`` and must be None or empty elsewhere.
+
+    Args:
+        tensor: this rank's input.
+        gather_list: on ``dst``, the outputs, one array per group rank; None or empty elsewhere.
+        dst: the destination, a global rank (default: global rank 0); or give ``group_dst``.
+        group: the process group (None: the default group); a non-member returns None at once.
+        async_op: return a :class:`~hpcdist.work.Work` to wait on instead of blocking.
+        group_dst: the destination as a rank of ``group``.
+
+    Returns:
+        A :class:`~hpcdist.work.Work` with ``async_op=True``; else None (also on a non-member).
     """
     pg = resolve_group(group, "gather")
     if pg is None:
@@ -395,6 +483,17 @@ def scatter(
 
     ``scatter_list`` is required on ``src`` (entry ``r`` of rank ``r``'s
     ``tensor`` size) and must be None or empty elsewhere.
+
+    Args:
+        tensor: the output of this rank (written in place).
+        scatter_list: on ``src``, the inputs, one array per group rank; None or empty elsewhere.
+        src: the source, a global rank (default: global rank 0); or give ``group_src``.
+        group: the process group (None: the default group); a non-member returns None at once.
+        async_op: return a :class:`~hpcdist.work.Work` to wait on instead of blocking.
+        group_src: the source as a rank of ``group``.
+
+    Returns:
+        A :class:`~hpcdist.work.Work` with ``async_op=True``; else None (also on a non-member).
     """
     pg = resolve_group(group, "scatter")
     if pg is None:
@@ -416,6 +515,16 @@ def reduce_scatter(
 
     Every rank passes one input per group rank; entry ``r`` has rank ``r``'s
     ``output`` size, the same on every rank.
+
+    Args:
+        output: this rank's output (written in place).
+        input_list: one input per group rank, of ``output``'s dtype.
+        op: a :class:`~hpcdist.ops.ReduceOp` (default SUM), or ``ReduceOp.PREMUL_SUM(factor)``.
+        group: the process group (None: the default group); a non-member returns None at once.
+        async_op: return a :class:`~hpcdist.work.Work` to wait on instead of blocking.
+
+    Returns:
+        A :class:`~hpcdist.work.Work` with ``async_op=True``; else None (also on a non-member).
     """
     pg = resolve_group(group, "reduce_scatter")
     if pg is None:
@@ -430,7 +539,20 @@ def reduce_scatter(
 def reduce_scatter_tensor(
     output: Any, input: Any, op: Any = SUM, group: Any = None, async_op: bool = False
 ) -> Work | None:
-    """Reduce ``input`` (group size x output size) over the group; rank ``r`` gets the ``r``-th chunk."""
+    """Reduce ``input`` (group size x output size) over the group; rank ``r`` gets the ``r``-th chunk.
+
+    Every rank passes arrays of the same dtype and sizes.
+
+    Args:
+        output: this rank's chunk of the result (written in place).
+        input: group size x ``output``'s elements, chunk ``r`` destined for rank ``r``.
+        op: a :class:`~hpcdist.ops.ReduceOp` (default SUM), or ``ReduceOp.PREMUL_SUM(factor)``.
+        group: the process group (None: the default group); a non-member returns None at once.
+        async_op: return a :class:`~hpcdist.work.Work` to wait on instead of blocking.
+
+    Returns:
+        A :class:`~hpcdist.work.Work` with ``async_op=True``; else None (also on a non-member).
+    """
     pg = resolve_group(group, "reduce_scatter_tensor")
     if pg is None:
         return None
@@ -456,7 +578,20 @@ def reduce_scatter_single(
 def all_to_all(
     output_tensor_list: list[Any], input_tensor_list: list[Any], group: Any = None, async_op: bool = False
 ) -> Work | None:
-    """Rank ``i`` sends ``input_tensor_list[j]`` to rank ``j``, which receives it in ``output_tensor_list[i]``."""
+    """Rank ``i`` sends ``input_tensor_list[j]`` to rank ``j``, which receives it in ``output_tensor_list[i]``.
+
+    Sizes may differ between pairs; what rank ``i`` sends to ``j`` and what
+    ``j`` expects from ``i`` must have the same size.
+
+    Args:
+        output_tensor_list: one output per group rank (written in place).
+        input_tensor_list: one input per group rank, all of one dtype and device.
+        group: the process group (None: the default group); a non-member returns None at once.
+        async_op: return a :class:`~hpcdist.work.Work` to wait on instead of blocking.
+
+    Returns:
+        A :class:`~hpcdist.work.Work` with ``async_op=True``; else None (also on a non-member).
+    """
     pg = resolve_group(group, "all_to_all")
     if pg is None:
         return None
@@ -505,6 +640,17 @@ def all_to_all_single(
 
     Splits (rows per rank) default to equal chunks; they may be uneven and
     must agree between senders and receivers.
+
+    Args:
+        output: the rows received, in rank order (written in place).
+        input: the rows to send, in rank order.
+        output_split_sizes: rows received from each group rank (None or []: equal chunks).
+        input_split_sizes: rows sent to each group rank (None or []: equal chunks).
+        group: the process group (None: the default group); a non-member returns None at once.
+        async_op: return a :class:`~hpcdist.work.Work` to wait on instead of blocking.
+
+    Returns:
+        A :class:`~hpcdist.work.Work` with ``async_op=True``; else None (also on a non-member).
     """
     pg = resolve_group(group, "all_to_all_single")
     if pg is None:
@@ -537,7 +683,19 @@ def all_to_all_single(
 def barrier(
     group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: timedelta | None = None
 ) -> Work | None:
-    """Block until every rank of the group entered the barrier (or ``timeout``, then DistTimeoutError)."""
+    """Block until every rank of the group entered the barrier (or ``timeout``, then DistTimeoutError).
+
+    Args:
+        group: the process group (None: the default group); a non-member returns None at once.
+        async_op: return a :class:`~hpcdist.work.Work` to wait on instead of blocking.
+        device_ids: accepted for torch compatibility and ignored (torch's NCCL barrier picks its devices
+            with it; hpcdist's barrier moves no device data).
+        timeout: how long a blocking barrier waits (default: the group's timeout) before it raises
+            DistTimeoutError; with ``async_op=True`` give it to ``Work.wait`` instead.
+
+    Returns:
+        A :class:`~hpcdist.work.Work` with ``async_op=True``; else None (also on a non-member).
+    """
     pg = resolve_group(group, "barrier")
     if pg is None:
         return None

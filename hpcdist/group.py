@@ -378,6 +378,22 @@ def new_group(
     ``ranks``), unless ``use_local_synchronization=True``: then only members
     call it. Returns the new :class:`ProcessGroup` on members and
     ``GroupMember.NON_GROUP_MEMBER`` elsewhere.
+
+    Args:
+        ranks: the members' global ranks, without repeats (None or empty: every rank).
+        timeout: the new group's timeout of every blocking operation (default: ``HPCDIST_TIMEOUT``, 30 min).
+        backend: the new group's backend or device map (default: the default group's).
+        pg_options: accepted for torch compatibility and ignored (MPI takes no per-group options).
+        use_local_synchronization: only the members call it (MPI_Comm_create_group); the others
+            need not.
+        group_desc: a description of the group, shown in errors and the flight recorder.
+        device_id: accepted for torch compatibility and ignored (torch binds an NCCL communicator to
+            it eagerly; hpcdist creates device resources on first use).
+        sort_ranks: order the members by global rank (default); False keeps the order of ``ranks``
+            as the group ranks.
+
+    Returns:
+        The new :class:`ProcessGroup` on members; ``GroupMember.NON_GROUP_MEMBER`` elsewhere.
     """
     world = default_pg()
     n = world.size()
@@ -444,9 +460,21 @@ def new_subgroups(
 ) -> tuple[Any, list[Any]]:
     """Split the world (or ``group``) into consecutive subgroups of ``group_size`` ranks.
 
-    ``group_size`` defaults to the number of ranks on this node. Collective
-    over the parent. Returns ``(this rank's subgroup, all subgroups)``; the
-    subgroups this rank is not in are ``GroupMember.NON_GROUP_MEMBER``.
+    Collective over the parent: each of its ranks calls it with the same
+    arguments.
+
+    Args:
+        group_size: ranks per subgroup, dividing the parent's size (default: the number of the
+            parent's ranks on this node).
+        group: the parent group (None: the default group).
+        timeout: the new group's timeout of every blocking operation (default: ``HPCDIST_TIMEOUT``, 30 min).
+        backend: the new group's backend or device map (default: the default group's).
+        pg_options: accepted for torch compatibility and ignored (MPI takes no per-group options).
+        group_desc: a description of the group, shown in errors and the flight recorder.
+
+    Returns:
+        ``(this rank's subgroup, all subgroups)``; the subgroups this rank is not in are
+        ``GroupMember.NON_GROUP_MEMBER``.
     """
     parent = resolve_group(group, "new_subgroups") if group is not None else default_pg()
     if parent is None:
@@ -476,8 +504,18 @@ def new_subgroups_by_enumeration(
 ) -> tuple[Any, list[Any]]:
     """Create one subgroup per list of global ranks (lists must not overlap).
 
-    Collective over the default group. Returns ``(this rank's subgroup or
-    None, all subgroups)``.
+    Collective over the default group: every rank calls it with the same lists.
+
+    Args:
+        ranks_per_subgroup_list: one list of global ranks per subgroup, non-empty, disjoint.
+        timeout: the new group's timeout of every blocking operation (default: ``HPCDIST_TIMEOUT``, 30 min).
+        backend: the new group's backend or device map (default: the default group's).
+        pg_options: accepted for torch compatibility and ignored (MPI takes no per-group options).
+        group_desc: a description of the group, shown in errors and the flight recorder.
+
+    Returns:
+        ``(this rank's subgroup or None, all subgroups)``; the subgroups this rank is not in are
+        ``GroupMember.NON_GROUP_MEMBER``.
     """
     world = default_pg()
     if not isinstance(ranks_per_subgroup_list, (list, tuple)) or not ranks_per_subgroup_list:
@@ -507,8 +545,19 @@ def split_group(
 ) -> ProcessGroup | None:
     """Split ``parent_pg`` (default: the world) into disjoint groups.
 
-    ``split_ranks`` lists *group ranks of the parent*, as in torch. Collective
-    over the parent. Returns this rank's new group, or None when it is in none.
+    Collective over the parent: each of its ranks calls it with the same
+    ``split_ranks``.
+
+    Args:
+        parent_pg: the group to split (None: the default group).
+        split_ranks: one list per new group of *group ranks of the parent*, as in torch; disjoint.
+        timeout: the new group's timeout of every blocking operation (default: ``HPCDIST_TIMEOUT``, 30 min).
+        pg_options: accepted for torch compatibility and ignored (MPI takes no per-group options).
+        group_desc: a description of the group, shown in errors and the flight recorder.
+        backend: the new group's backend or device map (default: the default group's).
+
+    Returns:
+        This rank's new group, or None when it is in none of ``split_ranks``.
     """
     parent = resolve_group(parent_pg, "split_group") if parent_pg is not None else default_pg()
     if parent is None:
@@ -534,8 +583,17 @@ def shrink_group(
     Collective over the *remaining* members only (``MPI_Comm_create_group``),
     so excluded ranks need not call it and may be gone, as long as the MPI
     communicator itself still works. An excluded rank that calls it gets
-    ValueError. ``shrink_flags`` and ``pg_options`` are accepted for torch
-    compatibility and ignored.
+    ValueError.
+
+    Args:
+        ranks_to_exclude: group ranks of ``group`` to leave out; at least one.
+        group: the group to shrink (None: the default group).
+        shrink_flags: accepted for torch compatibility and ignored (torch's ``SHRINK_ABORT`` ends the
+            parent's ongoing NCCL operations first; the MPI communicator has none to end).
+        pg_options: accepted for torch compatibility and ignored.
+
+    Returns:
+        The new :class:`ProcessGroup`, with ``group``'s timeout and the default group's backend.
     """
     parent = resolve_group(group, "shrink_group") if group is not None else default_pg()
     if parent is None:
@@ -551,7 +609,15 @@ def shrink_group(
 
 
 def get_group_rank(group: Any, global_rank: int) -> int:
-    """The rank in ``group`` of the process with global rank ``global_rank``."""
+    """The rank in ``group`` of the process with global rank ``global_rank``.
+
+    Args:
+        group: the group (None: the default group).
+        global_rank: a global rank of one of ``group``'s members.
+
+    Returns:
+        Its rank in ``group``; ValueError when it is not a member.
+    """
     pg = _as_pg(group, "get_group_rank")
     try:
         return pg._g2l[global_rank]
@@ -562,7 +628,15 @@ def get_group_rank(group: Any, global_rank: int) -> int:
 
 
 def get_global_rank(group: Any, group_rank: int) -> int:
-    """The global rank of the member ``group_rank`` of ``group``."""
+    """The global rank of the member ``group_rank`` of ``group``.
+
+    Args:
+        group: the group (None: the default group).
+        group_rank: a rank in ``group``, 0..size-1.
+
+    Returns:
+        Its global rank.
+    """
     pg = _as_pg(group, "get_global_rank")
     if not isinstance(group_rank, int) or not 0 <= group_rank < pg.size():
         raise ValueError(f"group_rank must be in 0..{pg.size() - 1} for group {pg.group_name!r}, got {group_rank!r}")
@@ -570,7 +644,14 @@ def get_global_rank(group: Any, group_rank: int) -> int:
 
 
 def get_process_group_ranks(group: Any) -> list[int]:
-    """The global ranks of ``group``'s members (None: the default group)."""
+    """The global ranks of ``group``'s members (None: the default group), in group-rank order.
+
+    Args:
+        group: the group (None: the default group).
+
+    Returns:
+        A new list; entry ``r`` is the global rank of group rank ``r``.
+    """
     return list(_as_pg(group, "get_process_group_ranks")._ranks)
 
 

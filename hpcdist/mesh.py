@@ -24,7 +24,16 @@ class DeviceMesh:
 
     ``mesh`` is an array of global ranks; ``mesh[i, j]`` is the rank at that
     coordinate. ``get_group(dim)`` is the group of the ranks that share this
-    rank's coordinates on every other dimension.
+    rank's coordinates on every other dimension. Constructing one is
+    collective over the world (one ``MPI_Comm_split`` per dimension).
+
+    Args:
+        device_type: ``"cpu"`` or ``"cuda"`` (``"cuda:N"`` too), the arrays the mesh's groups move.
+        mesh: an n-d array (or nested lists) holding every global rank exactly once.
+        mesh_dim_names: one name per dimension, for ``get_group("dp")`` and ``mesh["dp"]``.
+        backend_override: ``{dimension index or name: backend}``, a backend for some dimensions'
+            groups (default: the default group's); a ``(backend, options)`` pair is accepted as torch's
+            and its options are ignored.
     """
 
     def __init__(
@@ -92,6 +101,15 @@ class DeviceMesh:
         global ranks) is required and ``group[d]`` is this rank's group along
         dimension ``d``; each must hold the ranks of this rank's row of
         ``mesh`` along ``d``.
+
+        Args:
+            group: one :class:`~hpcdist.group.ProcessGroup`, or one per dimension.
+            device_type: ``"cpu"`` or ``"cuda"`` (``"cuda:N"`` too), the arrays the mesh's groups move.
+            mesh: the grid of global ranks (required with several groups).
+            mesh_dim_names: one name per dimension, for ``get_group("dp")`` and ``mesh["dp"]``.
+
+        Returns:
+            The :class:`DeviceMesh`.
         """
         _check_device_type(device_type)
         groups = list(group) if isinstance(group, (list, tuple)) else [group]
@@ -135,6 +153,11 @@ class DeviceMesh:
         return tuple(int(s) for s in self.mesh.shape)
 
     def size(self, mesh_dim: int | str | None = None) -> int:
+        """The number of ranks of the mesh, or along ``mesh_dim``.
+
+        Args:
+            mesh_dim: a dimension index or name (None: the whole mesh).
+        """
         if mesh_dim is None:
             return int(self.mesh.size)
         return int(self.mesh.shape[self._dim(mesh_dim)])
@@ -154,20 +177,31 @@ class DeviceMesh:
 
     # groups and coordinates
     def get_group(self, mesh_dim: int | str | None = None) -> ProcessGroup:
-        """The group along ``mesh_dim`` that contains this rank."""
+        """The group along ``mesh_dim`` that contains this rank.
+
+        Args:
+            mesh_dim: a dimension index or name (None: the only dimension of a 1-d mesh).
+        """
         return self._groups[self._dim(mesh_dim)]
 
     def get_all_groups(self) -> list[ProcessGroup]:
+        """This rank's group along each dimension, in dimension order."""
         return list(self._groups)
 
     def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
-        """This rank's coordinate along ``mesh_dim`` (its rank in that dimension's group)."""
+        """This rank's coordinate along ``mesh_dim`` (its rank in that dimension's group).
+
+        Args:
+            mesh_dim: a dimension index or name (None: the only dimension of a 1-d mesh).
+        """
         return self._coord[self._dim(mesh_dim)]
 
     def get_coordinate(self) -> list[int]:
+        """This rank's coordinate along every dimension."""
         return list(self._coord)
 
     def get_rank(self) -> int:
+        """This process's global rank."""
         pg = WORLD.default_pg
         if pg is None:
             raise not_initialized()
@@ -236,7 +270,19 @@ def init_device_mesh(
 ) -> DeviceMesh:
     """A :class:`DeviceMesh` of ``mesh_shape`` over the world's ranks in row-major order.
 
-    Collective over the world. ``prod(mesh_shape)`` must equal the world size.
+    Collective over the world: every rank calls it with the same arguments.
+    ``prod(mesh_shape)`` must equal the world size.
+
+    Args:
+        device_type: ``"cpu"`` or ``"cuda"`` (``"cuda:N"`` too), the arrays the mesh's groups move.
+        mesh_shape: the size of each dimension, positive ints.
+        mesh_dim_names: one name per dimension, for ``get_group("dp")`` and ``mesh["dp"]``.
+        backend_override: ``{dimension index or name: backend}``, a backend for some dimensions'
+            groups (default: the default group's); a ``(backend, options)`` pair is accepted as torch's
+            and its options are ignored.
+
+    Returns:
+        The :class:`DeviceMesh`.
     """
     world = default_pg()
     if (

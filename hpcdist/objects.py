@@ -188,6 +188,13 @@ def broadcast_object_list(
 
     Every rank passes a list of the same length. Objects up to ~8 KiB take one
     MPI broadcast; larger ones two.
+
+    Args:
+        object_list: on ``src`` the objects to send; elsewhere a list of as many entries, replaced in place.
+        src: the source, a global rank (default: global rank 0); or give ``group_src``.
+        group: the process group (None: the default group); on a non-member nothing happens.
+        device: accepted for torch compatibility and ignored (objects travel through host memory).
+        group_src: the source as a rank of ``group``.
     """
     pg = resolve_group(group, "broadcast_object_list")
     if pg is None:
@@ -227,7 +234,13 @@ def broadcast_object_list(
 
 
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
-    """Fill ``object_list[r]`` (a list of group-size entries) with rank ``r``'s ``obj`` on every rank."""
+    """Fill ``object_list[r]`` (a list of group-size entries) with rank ``r``'s ``obj`` on every rank.
+
+    Args:
+        object_list: a list with one entry per group rank, replaced in place.
+        obj: this rank's object (picklable).
+        group: the process group (None: the default group); on a non-member nothing happens.
+    """
     pg = resolve_group(group, "all_gather_object")
     if pg is None:
         return
@@ -262,7 +275,15 @@ def gather_object(
     group: Any = None,
     group_dst: int | None = None,
 ) -> None:
-    """Gather every rank's ``obj`` into ``object_gather_list`` (group-size entries) on rank ``dst``."""
+    """Gather every rank's ``obj`` into ``object_gather_list`` (group-size entries) on rank ``dst``.
+
+    Args:
+        obj: this rank's object (picklable).
+        object_gather_list: on ``dst``, a list with one entry per group rank, replaced in place; None elsewhere.
+        dst: the destination, a global rank (default: global rank 0); or give ``group_dst``.
+        group: the process group (None: the default group); on a non-member nothing happens.
+        group_dst: the destination as a rank of ``group``.
+    """
     pg = resolve_group(group, "gather_object")
     if pg is None:
         return
@@ -313,7 +334,15 @@ def scatter_object_list(
     group: Any = None,
     group_src: int | None = None,
 ) -> None:
-    """Rank ``src`` sends ``scatter_object_input_list[r]`` to rank ``r``, stored in ``scatter_object_output_list[0]``."""
+    """Rank ``src`` sends ``scatter_object_input_list[r]`` to rank ``r``, stored in ``scatter_object_output_list[0]``.
+
+    Args:
+        scatter_object_output_list: a list of at least one entry; entry 0 receives this rank's object.
+        scatter_object_input_list: on ``src``, one object per group rank; ignored elsewhere.
+        src: the source, a global rank (default: global rank 0); or give ``group_src``.
+        group: the process group (None: the default group); on a non-member nothing happens.
+        group_src: the source as a rank of ``group``.
+    """
     pg = resolve_group(group, "scatter_object_list")
     if pg is None:
         return
@@ -367,7 +396,18 @@ def send_object_list(
     group_dst: int | None = None,
     use_batch: bool = False,
 ) -> None:
-    """Send the objects of ``object_list`` to rank ``dst`` (one MPI message)."""
+    """Send the objects of ``object_list`` to rank ``dst`` (one MPI message).
+
+    The receiver passes a list of as many entries to :func:`recv_object_list`.
+
+    Args:
+        object_list: the objects to send (picklable).
+        dst: the destination, a global rank; or give ``group_dst``.
+        group: the process group (None: the default group); on a non-member nothing happens.
+        device: accepted for torch compatibility and ignored (objects travel through host memory).
+        group_dst: the destination as a rank of ``group``.
+        use_batch: accepted for torch compatibility and ignored (the objects go as one message anyway).
+    """
     pg = resolve_group(group, "send_object_list")
     if pg is None:
         return
@@ -393,6 +433,17 @@ def recv_object_list(
     """Receive objects from ``src`` (None: any rank) into ``object_list``; return the sender's global rank.
 
     ``object_list`` must have as many entries as the sender's list.
+
+    Args:
+        object_list: the list whose entries are replaced by the objects received.
+        src: the source, a global rank, or None for any rank of the group; or give ``group_src``.
+        group: the process group (None: the default group); on a non-member nothing happens.
+        device: accepted for torch compatibility and ignored (objects travel through host memory).
+        group_src: the source as a rank of ``group``.
+        use_batch: accepted for torch compatibility and ignored (the objects go as one message anyway).
+
+    Returns:
+        The sender's global rank; -1 on a non-member.
     """
     pg = resolve_group(group, "recv_object_list")
     if pg is None:

@@ -79,7 +79,14 @@ def _peer(pg: ProcessGroup, glob: Any, grp: Any, name: str, allow_any: bool) -> 
 def isend(
     tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None
 ) -> Work | None:
-    """Start sending ``tensor`` to rank ``dst``; return a Work (None for a non-member)."""
+    """Start sending ``tensor`` to rank ``dst``; return a Work (None for a non-member).
+
+    Do not modify ``tensor`` before the Work completed. The arguments are
+    :func:`send`'s.
+
+    Returns:
+        A :class:`~hpcdist.work.Work` that completes when ``tensor`` may be reused; None on a non-member.
+    """
     pg = resolve_group(group, "isend")
     if pg is None:
         return None
@@ -96,7 +103,15 @@ def isend(
 def irecv(
     tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None
 ) -> Work | None:
-    """Start receiving into ``tensor`` from ``src`` (None: any rank); ``work.source_rank()`` tells who sent."""
+    """Start receiving into ``tensor`` from ``src`` (None: any rank); ``work.source_rank()`` tells who sent.
+
+    ``tensor`` is written when the Work completes. The arguments are
+    :func:`recv`'s.
+
+    Returns:
+        A :class:`~hpcdist.work.Work`; ``wait()`` raises DistTimeoutError when no sender comes within
+        the group's timeout. None on a non-member.
+    """
     pg = resolve_group(group, "irecv")
     if pg is None:
         return None
@@ -111,7 +126,15 @@ def irecv(
 
 
 def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> None:
-    """Send ``tensor`` to rank ``dst``; returns when the buffer may be reused."""
+    """Send ``tensor`` to rank ``dst``; returns when the buffer may be reused.
+
+    Args:
+        tensor: the data to send.
+        dst: the destination, a global rank; give ``dst`` or ``group_dst``, not both.
+        group: the process group (None: the default group); on a non-member nothing happens.
+        tag: matches a send with a receive: an int in 0..MPI_TAG_UB less hpcdist's 16 reserved tags.
+        group_dst: the destination as a rank of ``group``.
+    """
     pg = resolve_group(group, "send")
     if pg is None:
         return
@@ -135,6 +158,16 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, g
 
     A sender that never comes raises DistTimeoutError after the group's
     timeout; the receive is cancelled and the group stays usable.
+
+    Args:
+        tensor: the array that receives the message (written in place).
+        src: the source, a global rank, or None for any rank of the group; or give ``group_src``.
+        group: the process group (None: the default group); on a non-member nothing happens.
+        tag: matches a send with a receive: an int in 0..MPI_TAG_UB less hpcdist's 16 reserved tags.
+        group_src: the source as a rank of ``group``.
+
+    Returns:
+        The sender's global rank; -1 on a non-member.
     """
     pg = resolve_group(group, "recv")
     if pg is None:
@@ -160,8 +193,13 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, g
 class P2POp:
     """One point-to-point operation for :func:`batch_isend_irecv`.
 
-    ``op`` is :func:`isend` or :func:`irecv` (or ``torch.distributed``'s,
-    matched by name); ``peer``/``group_peer`` the global/group rank.
+    Args:
+        op: :func:`isend` or :func:`irecv` (or ``torch.distributed``'s, matched by name).
+        tensor: the data to send, or the array that receives.
+        peer: the other side, a global rank; or give ``group_peer``.
+        group: the process group (None: the default group).
+        tag: matches a send with a receive.
+        group_peer: the other side as a rank of ``group``.
     """
 
     def __init__(
@@ -193,7 +231,14 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     """Start every operation of the list; return their Works (wait on each).
 
     All operations are checked before any starts, so a bad entry raises
-    with nothing sent.
+    with nothing sent. Engines that must post a batch together (NCCL) get it
+    as one group call.
+
+    Args:
+        p2p_op_list: the operations, a non-empty list of :class:`P2POp`.
+
+    Returns:
+        One :class:`~hpcdist.work.Work` per operation of a group this rank is in, in list order.
     """
     if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
         raise ValueError("p2p_op_list must be a non-empty list of P2POp")

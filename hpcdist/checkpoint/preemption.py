@@ -99,6 +99,9 @@ class Preemption:
         queues it again; the script starts anew and resumes from ``latest()``.
         The job must be requeueable (``#SBATCH --requeue``).
 
+        Args:
+            scontrol: the ``scontrol`` command to run (a path when it is not on ``PATH``).
+
         Returns:
             True on every rank when the job was requeued; False outside Slurm.
 

@@ -73,6 +73,15 @@ class Shard:
 
         Pieces hold ``ceil(n / parts)`` elements each; the last ones may be
         smaller or empty (DTensor's ``Shard(dim)`` splits the same way).
+
+        Args:
+            global_shape: the shape of the whole array.
+            dim: the dimension that is split.
+            index: which piece, 0..parts-1 (usually this rank's index along the split).
+            parts: into how many pieces ``dim`` is split.
+
+        Returns:
+            The :class:`Shard` of that piece.
         """
         g = tuple(int(x) for x in global_shape)
         if not 0 <= dim < len(g):

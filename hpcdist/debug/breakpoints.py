@@ -13,7 +13,12 @@ _COUNT = [0]  # calls of breakpoint() so far (``skip`` ignores the first ones)
 def breakpoint(rank: int = 0, skip: int = 0, timeout_s: float = 3600) -> None:
     """Drop into pdb on ``rank`` (with its terminal); the other ranks wait at a barrier.
 
-    SPMD: every rank calls it. ``skip`` calls are ignored first.
+    SPMD: every rank calls it.
+
+    Args:
+        rank: the global rank that enters pdb.
+        skip: how many calls to ignore first.
+        timeout_s: how long the other ranks wait at the barrier, in seconds.
     """
     from .. import collectives
     from .._init import get_rank

@@ -28,12 +28,15 @@ def monitored_barrier(
 ) -> None:
     """A barrier that names the ranks that did not arrive within ``timeout``.
 
-    ``timeout`` is a ``timedelta`` or a number of seconds (as torch accepts);
-    default: the group's timeout.
-
     SPMD: every rank of the group calls it. Raises DistTimeoutError on rank 0
     naming the missing global rank(s), and on the others when rank 0 does not
     release them.
+
+    Args:
+        group: the group (None: the default group); on a non-member nothing happens.
+        timeout: a ``timedelta`` or a number of seconds, as torch accepts (default: the group's
+            timeout).
+        wait_all_ranks: name every missing rank, not only the first.
     """
     pg = resolve_group(group, "monitored_barrier")
     if pg is None:

@@ -113,16 +113,28 @@ class Store:
         return self._add(check_key(key), n)
 
     def compare_set(self, key: str, expected_value: Value, desired_value: Value) -> bytes:
-        """Set ``key`` to ``desired_value`` if it holds ``expected_value`` (or is
-        missing and ``expected_value`` is empty). Returns the value ``key`` holds
-        afterwards; ``expected_value`` when the key is missing and nothing was set.
+        """Set ``key`` to ``desired_value`` if it holds ``expected_value``; return what it holds then.
+
+        Args:
+            key: the key.
+            expected_value: the value ``key`` must hold for the swap (empty: ``key`` must be missing).
+            desired_value: the value to store.
+
+        Returns:
+            The value ``key`` holds afterwards; ``expected_value`` when the key is missing and
+            nothing was set.
         """
         return self._compare_set(
             check_key(key), to_bytes(expected_value, "expected_value"), to_bytes(desired_value, "desired_value")
         )
 
     def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
-        """Block until every key in ``keys`` exists, or raise DistTimeoutError."""
+        """Block until every key in ``keys`` exists, or raise DistTimeoutError.
+
+        Args:
+            keys: the keys to wait for (a list, not a single str).
+            timeout: how long to wait (default: the store's timeout).
+        """
         self._wait(check_keys(keys), self._seconds(timeout))
 
     def check(self, keys: Sequence[str]) -> bool:

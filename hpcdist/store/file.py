@@ -289,6 +289,7 @@ class FileStore(Store):
             shared file system with working locks for multi-node use).
         world_size: the number of processes that will open the file; ``-1`` when
             unknown (weaker stale-file detection). Every user must pass the same.
+        timeout: the default timeout of blocking calls (torch's 300 s).
 
     The last of the ``world_size`` users to :meth:`close` deletes the file.
     :meth:`clone` opens another handle that is not a user (no open/close record).

@@ -18,6 +18,9 @@ class HashStore(Store):
 
     Blocking calls wait on one condition variable that every write notifies.
     :meth:`clone` returns a handle on the same data.
+
+    Args:
+        timeout: the default timeout of blocking calls (torch's 300 s).
     """
 
     def __init__(self, timeout: timedelta = DEFAULT_STORE_TIMEOUT) -> None:

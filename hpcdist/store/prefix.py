@@ -16,6 +16,10 @@ class PrefixStore(Store):
     Unlike torch, :meth:`num_keys` and :meth:`list_keys` count and list only
     this prefix's keys, with the prefix removed. Timeout errors name the
     full (prefixed) keys.
+
+    Args:
+        prefix: put before every key, with a ``/`` between.
+        store: the store that holds the keys (an :class:`~hpcdist.store.Store`).
     """
 
     def __init__(self, prefix: str, store: Store) -> None:
