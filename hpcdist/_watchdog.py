@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Any
 
+from .errors import timeout_message
+
 _get_ident = threading.get_ident
 _monotonic = time.monotonic
 
@@ -81,15 +83,13 @@ class Watchdog:
 
     def _fire(self, ident: int, entry: tuple[float, float, Any]) -> None:
         _, limit, what = entry
-        desc = what if isinstance(what, str) else f"{what[0]} on {what[1]!r}"
         thread = next((t.name for t in threading.enumerate() if t.ident == ident), str(ident))
-        abort_job(
-            f"hpcdist.DistTimeoutError: {desc} (in thread {thread!r}) did not complete within {limit:g}s: a peer "
-            "may have died, be stuck, or have called a different operation. Ending the job (MPI_Abort) because a "
-            "blocking MPI call cannot be interrupted (HPCDIST_WAIT=block); use HPCDIST_WAIT=poll to get a catchable "
-            "exception.\n",
-            124,
+        then = (
+            ". Ending the job (MPI_Abort) because a blocking MPI call cannot be interrupted (HPCDIST_WAIT=block); "
+            "use HPCDIST_WAIT=poll to get a catchable exception."
         )
+        message = timeout_message(what, limit, where=f" (in thread {thread!r})", then=then)
+        abort_job(f"hpcdist.DistTimeoutError: {message}\n", 124)
 
 
 def abort_job(text: str, code: int) -> None:

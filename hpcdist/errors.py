@@ -14,7 +14,10 @@ __all__ = [
     "DistNetworkError",
     "DistStoreError",
     "DistTimeoutError",
+    "TIMEOUT_FIX",
     "QueueEmptyError",
+    "describe_op",
+    "timeout_message",
 ]
 
 
@@ -44,3 +47,38 @@ class DistTimeoutError(DistError, TimeoutError):
 
 class QueueEmptyError(DistStoreError):
     """``Store.queue_pop(key, block=False)`` found the queue empty."""
+
+
+#: what to do about a timeout that is only slowness (part of every timeout message that raises)
+TIMEOUT_FIX = "raise the timeout with init_process_group(timeout=...) or HPCDIST_TIMEOUT if it is just slow"
+
+
+def describe_op(what: object) -> str:
+    """An operation as timeout messages name it: ``what`` itself, or ``(op, group)`` as ``"op on <group>"``."""
+    if isinstance(what, tuple) and len(what) == 2:
+        return f"{what[0]} on {what[1]!r}"
+    return str(what)
+
+
+def timeout_message(what: object, limit: float, *, where: str = "", on: str = "", then: str = "") -> str:
+    """The one description of an operation that outlived its timeout.
+
+    Every timeout report (a DistTimeoutError raised, or a watchdog's message
+    before it ends the job) reads ``"<op> on <group><where> did not
+    complete<on> within <limit>s: a peer may have died, be stuck, or have
+    called a different operation<then>"``.
+
+    Args:
+        what: the operation: a str, or ``(op name, group)``.
+        limit: the timeout that passed, in seconds.
+        where: after the operation's name, e.g. ``" (NCCL)"``, ``" (in thread 'x')"``.
+        on: after "did not complete", e.g. ``" on the GPU"``.
+        then: what happens now or what to do, from its own punctuation on (``"; " + TIMEOUT_FIX``).
+
+    Returns:
+        The message, without a trailing newline.
+    """
+    return (
+        f"{describe_op(what)}{where} did not complete{on} within {limit:g}s: "
+        f"a peer may have died, be stuck, or have called a different operation{then}"
+    )

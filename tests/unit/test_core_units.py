@@ -367,3 +367,21 @@ def test_group_module_is_torchs_group_namespace():
     assert dist.group.WORLD is None and dist.GroupMember.WORLD is None  # before init_process_group
     with pytest.raises(AttributeError, match=r"'hpcdist\.group' has no attribute 'WROLD'"):
         dist.group.WROLD  # noqa: B018
+
+
+def test_timeout_message_is_one_sentence_for_every_report():
+    """The host Work, the watchdogs and the NCCL Work describe a timeout with the same words."""
+    from hpcdist.errors import TIMEOUT_FIX, describe_op, timeout_message
+
+    assert describe_op("store wait") == "store wait" and describe_op(("recv", "<pg>")) == "recv on '<pg>'"
+    host = timeout_message(("all_reduce", "<pg>"), 2.5, then="; " + TIMEOUT_FIX)
+    assert host == (
+        "all_reduce on '<pg>' did not complete within 2.5s: a peer may have died, be stuck, or have called a "
+        "different operation; raise the timeout with init_process_group(timeout=...) or HPCDIST_TIMEOUT if it is "
+        "just slow"
+    )
+    gpu = timeout_message("broadcast", 5, where=" (NCCL)", on=" on the GPU", then=".")
+    assert gpu == (
+        "broadcast (NCCL) did not complete on the GPU within 5s: a peer may have died, be stuck, or have called a "
+        "different operation."
+    )
