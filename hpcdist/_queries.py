@@ -7,6 +7,7 @@ from typing import Any
 
 from ._world import WORLD
 from .backends import is_backend_available
+from .config import parse_number
 
 __all__ = [
     "get_default_backend_for_device",
@@ -78,10 +79,7 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
     """
     raw = os.environ.get("LOCAL_RANK")
     if raw is not None:
-        try:
-            return int(raw)
-        except ValueError:
-            raise ValueError(f"environment variable LOCAL_RANK must be an int, got {raw!r}") from None
+        return int(parse_number(raw, "environment variable LOCAL_RANK", minimum=0, unit="a rank"))
     pg = WORLD.default_pg
     if pg is not None:
         return node_local_rank(pg)

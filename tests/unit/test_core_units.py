@@ -385,3 +385,16 @@ def test_timeout_message_is_one_sentence_for_every_report():
         "broadcast (NCCL) did not complete on the GPU within 5s: a peer may have died, be stuck, or have called a "
         "different operation."
     )
+
+
+@pytest.mark.parametrize("raw", ["one", "-1", "1.5"])
+def test_node_local_rank_rejects_a_garbled_local_rank(monkeypatch, raw):
+    monkeypatch.setenv("LOCAL_RANK", raw)
+    with pytest.raises(ValueError) as info:
+        dist.get_node_local_rank()
+    assert str(info.value) == f"environment variable LOCAL_RANK: expected a rank >= 0, got {raw!r}"
+
+
+def test_node_local_rank_reads_local_rank(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", " 3 ")
+    assert dist.get_node_local_rank() == 3
