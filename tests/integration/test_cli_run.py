@@ -122,7 +122,7 @@ def test_exception_on_rank_1_ends_job_traceback_once(tmp_path, init):
 @pytest.mark.timeout(60)
 def test_bad_input_one_line(tmp_path):
     for args, needle in (
-        (("run", "-n", "0", "x.py"), "-n/--nprocs: expected an integer >= 1, got 0"),
+        (("run", "-n", "0", "x.py"), "-n/--nprocs: expected an integer >= 1, got '0'"),
         (("run", "-n", "2", "missing.py"), "script 'missing.py' not found"),
         (("run", "-n", "2"), "missing program"),
         (("run", "--mpiexec", "/nonexistent/mpiexec", "-m", "x"), "--mpiexec: expected an executable file"),
