@@ -32,6 +32,16 @@ def check_key(key: object, arg: str = "key") -> str:
     raise TypeError(f"{arg} must be a str, got {type(key).__name__} ({key!r:.60})")
 
 
+def check_int(value: object, arg: str) -> int:
+    """``value`` as an int (any integer type, not a bool), else a TypeError naming the argument."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise TypeError(f"{arg} must be an int, got {type(value).__name__} ({value!r:.60})")
+
+
 def check_keys(keys: object, arg: str = "keys") -> list[str]:
     """A list of str keys; rejects a bare str (a common slip: ``wait("k")``)."""
     if isinstance(keys, (str, bytes)):
@@ -106,11 +116,7 @@ class Store:
 
     def add(self, key: str, amount: int) -> int:
         """Add ``amount`` to the integer counter ``key`` (0 when missing); return the new value."""
-        try:
-            n = operator.index(amount)
-        except TypeError:
-            raise TypeError(f"amount must be an int, got {type(amount).__name__} ({amount!r:.60})") from None
-        return self._add(check_key(key), n)
+        return self._add(check_key(key), check_int(amount, "amount"))
 
     def compare_set(self, key: str, expected_value: Value, desired_value: Value) -> bytes:
         """Set ``key`` to ``desired_value`` if it holds ``expected_value``; return what it holds then.
@@ -199,10 +205,7 @@ class Store:
         Leaves the keys ``key`` (the arrival count) and ``key + "/done"``.
         """
         check_key(key)
-        try:
-            n = operator.index(world_size)
-        except TypeError:
-            raise TypeError(f"world_size must be an int, got {type(world_size).__name__}") from None
+        n = check_int(world_size, "world_size")
         if n < 1:
             raise ValueError(f"world_size must be >= 1, got {n}")
         seconds = self._seconds(timeout)

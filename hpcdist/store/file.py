@@ -24,7 +24,6 @@ never writes its close records) or shared by two jobs at once.
 from __future__ import annotations
 
 import fcntl
-import operator
 import os
 import struct
 import threading
@@ -36,7 +35,7 @@ from typing import TypeVar
 
 from ..errors import DistStoreError, QueueEmptyError
 from ._state import KVState, parse_int
-from .base import DEFAULT_STORE_TIMEOUT, Store, timeout_error
+from .base import DEFAULT_STORE_TIMEOUT, Store, check_int, timeout_error
 
 __all__ = ["FileStore"]
 
@@ -309,12 +308,7 @@ class FileStore(Store):
         path = os.fspath(file_name)
         if not isinstance(path, str) or not path:
             raise ValueError(f"file_name must be a non-empty path, got {file_name!r}")
-        if isinstance(world_size, bool):
-            raise TypeError("world_size must be an int, got bool")
-        try:
-            ws = operator.index(world_size)  # type: ignore[arg-type]
-        except TypeError:
-            raise TypeError(f"world_size must be an int, got {type(world_size).__name__}") from None
+        ws = check_int(world_size, "world_size")
         if ws == 0 or ws < -1:
             raise ValueError(f"world_size must be -1 (unknown) or >= 1, got {ws}")
         log = _FileLog(os.path.abspath(path), ws, member)

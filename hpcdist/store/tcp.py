@@ -12,7 +12,6 @@ import contextlib
 import errno
 import hmac
 import ipaddress
-import operator
 import socket
 import threading
 import time
@@ -24,7 +23,7 @@ from ..errors import DistNetworkError, DistStoreError, DistTimeoutError, QueueEm
 from . import _protocol as P
 from ._auth import ENV_SECRET, ENV_SECRET_FILE, client_proof, new_nonce, resolve_secret, server_proof
 from ._tcpserver import TCPServer
-from .base import DEFAULT_STORE_TIMEOUT, Store, timeout_error
+from .base import DEFAULT_STORE_TIMEOUT, Store, check_int, timeout_error
 
 __all__ = ["TCPStore"]
 
@@ -276,22 +275,22 @@ class TCPStore(Store):
         super().__init__(timeout)
         if not isinstance(host_name, str) or not host_name:
             raise ValueError(f"host_name must be a non-empty str (an address or host name), got {host_name!r}")
-        port = self._check_int("port", port)
+        port = check_int(port, "port")
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {port}")
         if port == 0 and not is_master and master_listen_fd is None:
             raise ValueError("port=0 picks a free port on the master only; a client needs the master's port")
         if world_size is not None:
-            world_size = self._check_int("world_size", world_size)
+            world_size = check_int(world_size, "world_size")
             if world_size == -1:
                 world_size = None
             elif world_size < 1:
                 raise ValueError(f"world_size must be None, -1 or >= 1, got {world_size}")
-        mf = self._check_int("max_frame_bytes", max_frame_bytes)
+        mf = check_int(max_frame_bytes, "max_frame_bytes")
         if not 4096 <= mf <= P.MAX_FRAME_LIMIT:
             raise ValueError(f"max_frame_bytes must be in 4096..{P.MAX_FRAME_LIMIT}, got {mf}")
         if master_listen_fd is not None:
-            master_listen_fd = self._check_int("master_listen_fd", master_listen_fd)
+            master_listen_fd = check_int(master_listen_fd, "master_listen_fd")
         self._host = host_name
         self._port = port
         self._is_master = bool(is_master)
@@ -312,15 +311,6 @@ class TCPStore(Store):
         except BaseException:
             self.close()
             raise
-
-    @staticmethod
-    def _check_int(name: str, value: object) -> int:
-        if isinstance(value, bool):
-            raise TypeError(f"{name} must be an int, got bool")
-        try:
-            return operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r:.60})") from None
 
     # --- attributes ----------------------------------------------------------------
     @property

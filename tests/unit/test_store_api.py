@@ -277,6 +277,10 @@ def test_argument_errors_name_argument_expected_and_given(store):
         store.queue_pop("q", block=0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"world_size must be >= 1, got 0"):
         store.barrier("b", 0)
+    with pytest.raises(TypeError, match=r"amount must be an int, got bool \(True\)"):
+        store.add("k", True)
+    with pytest.raises(TypeError, match=r"world_size must be an int, got str \('2'\)"):
+        store.barrier("b", "2")  # type: ignore[arg-type]
 
 
 @pytest.mark.timeout(30)
