@@ -56,6 +56,7 @@ Knobs are read when asked for (never at import time), so a program may set
 
 from __future__ import annotations
 
+import math
 import os
 from datetime import timedelta
 from typing import Any
@@ -139,7 +140,11 @@ def parse_number(raw: str, what: str, *, minimum: float, unit: str = "an integer
         value = kind(str(raw).strip())
     except ValueError:
         value = None
-    if value is None or value < minimum or (kind is float and value == minimum):
+    if kind is float:  # NaN and infinity are no number of seconds
+        ok = value is not None and math.isfinite(value) and value > minimum
+    else:
+        ok = value is not None and value >= minimum
+    if not ok:
         raise ValueError(f"{what}: expected {unit} {bound}, got {raw!r}")
     return value
 
@@ -176,6 +181,8 @@ def check_timeout(timeout: object, arg: str = "timeout", *, seconds: bool = Fals
         ``timeout`` as a timedelta.
     """
     if seconds and isinstance(timeout, int | float) and not isinstance(timeout, bool):
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"{arg} must be a positive number of seconds or timedelta, got {timeout!r}")
         timeout = timedelta(seconds=timeout)
     if not isinstance(timeout, timedelta):
         accepted = "a datetime.timedelta or a number of seconds" if seconds else "a datetime.timedelta"

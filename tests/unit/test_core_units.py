@@ -287,6 +287,22 @@ def test_bad_knobs_name_themselves(monkeypatch, name, value, fn):
     [
         ("HPCDIST_TIMEOUT", "default_timeout", "2.5", timedelta(seconds=2.5), "0", "a number of seconds > 0, got '0'"),
         (
+            "HPCDIST_TIMEOUT",
+            "default_timeout",
+            "1e3",
+            timedelta(seconds=1000),
+            "nan",
+            "a number of seconds > 0, got 'nan'",
+        ),
+        (
+            "HPCDIST_TIMEOUT",
+            "default_timeout",
+            "60",
+            timedelta(seconds=60),
+            "inf",
+            "a number of seconds > 0, got 'inf'",
+        ),
+        (
             "HPCDIST_FLIGHT_RECORDER",
             "flight_recorder_size",
             " 16 ",
@@ -318,7 +334,14 @@ def test_numeric_knobs_share_one_parser(monkeypatch, name, fn, good, want, bad, 
         ("30", True, TypeError, "t must be a datetime.timedelta or a number of seconds, got str ('30')"),
         (True, True, TypeError, "t must be a datetime.timedelta or a number of seconds, got bool (True)"),
         (timedelta(0), False, ValueError, "t must be a positive timedelta, got datetime.timedelta(0)"),
-        (-1.0, True, ValueError, "t must be a positive timedelta, got datetime.timedelta(days=-1, seconds=86399)"),
+        (-1.0, True, ValueError, "t must be a positive number of seconds or timedelta, got -1.0"),
+        (float("nan"), True, ValueError, "t must be a positive number of seconds or timedelta, got nan"),
+        (
+            timedelta(seconds=-1),
+            True,
+            ValueError,
+            "t must be a positive timedelta, got datetime.timedelta(days=-1, seconds=86399)",
+        ),
     ],
 )
 def test_check_timeout_names_argument_expectation_and_value(value, seconds, error, message):
