@@ -39,7 +39,6 @@ from torch._C import _distributed_c10d as _c10d
 
 from .. import collectives as C
 from .. import p2p
-from ..backends.mpi import MPIEngine
 from ..buffers.adapters import adapt
 from ..collectives import combine
 from ..ops import resolve_op
@@ -215,6 +214,8 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         if asynchronous and t.is_cpu:
             eng = self._async_engine
             if eng is None:
+                from ..backends.mpi import MPIEngine  # imports MPI: not at import time
+
                 eng = self._async_engine = MPIEngine(self._hpg, "cpu")
             buf = adapt(t, "tensor", True)
             return eng.all_reduce(buf, resolve_op(op, buf.dtype), sync=False)
