@@ -4,12 +4,12 @@ Run (one run, 2 and 4 ranks; it launches itself under ``mpiexec``)::
 
     python examples/benchmarks/bench_torch_backend.py [--ranks 2,4] [--max-bytes N] [--rounds R] [--full]
 
+or one rank count directly: ``mpiexec -n 2 python examples/benchmarks/bench_torch_backend.py --worker``.
+
 With more ranks than cores (4 ranks on a 2-core machine) it runs a tenth of
 the calls, 2 rounds and 3 DDP steps, and says so above its tables (``--full``
 runs everything anyway): oversubscribed ranks that busy-poll take turns on
 the cores and each call costs a scheduler time slice.
-
-or one rank count directly: ``mpiexec -n 2 python examples/benchmarks/bench_torch_backend.py --worker``.
 
 (a) all_reduce (SUM, float32, in place) of 8 B ... 64 MiB, timed on the same
 tensor through four paths:
@@ -35,7 +35,16 @@ group, same seeds and data: a communication-bound one (a stack of
 1024x1024 Linear layers, batch 8: 16.8 M parameters, 64 MiB of gradients
 per step, little compute) and a compute-bound one (four 256x256 Linear
 layers, batch 8192: 1 MiB of gradients, much compute). Median step time
-over the timed steps, the slowest rank's.
+over the timed steps, the slowest rank's. Beside it, the same step without
+DDP (no communication) and DDP's buckets all-reduced alone (25 MiB each,
+issued asynchronously, then waited for); "comm hidden by backward" is
+(no-comm step + all-reduce alone - DDP step) / all-reduce alone: the share
+of the communication that overlapped compute.
+
+(c) dispatch: one 8-byte all_reduce through each layer in turn (raw
+mpi4py, hpcdist blocking and asynchronous, the backend's method called
+directly, torch.distributed's function), so the differences between rows say
+what each layer costs.
 """
 
 from __future__ import annotations
@@ -105,6 +114,43 @@ def bench_allreduce(args, tdist, gloo, comm, MPI) -> list[str]:
             f"| {_size(nb)} | {b['raw'] * 1e6:.1f} | {b['direct'] * 1e6:.1f} | {b['torch'] * 1e6:.1f} "
             f"| {(b['torch'] - b['direct']) * 1e6:+.1f} | {b['gloo'] * 1e6:.1f} | {b['gloo'] / b['torch']:.1f}x |"
         )
+    return out
+
+
+def bench_dispatch(args, tdist, comm, MPI) -> list[str]:
+    """Where torch→hpcdist's time per call goes: one 8-byte all_reduce through each layer, added one by one."""
+    import torch
+    from torch._C import _distributed_c10d as c10d
+
+    import hpcdist
+
+    t = torch.ones(2, dtype=torch.float32)
+    a = t.numpy()
+    pg = tdist.distributed_c10d._get_default_group()  # the backend's ProcessGroup itself
+    blocking = c10d.AllreduceOptions()
+    blocking.asyncOp = False
+
+    def raw_nb() -> None:
+        comm.Iallreduce(MPI.IN_PLACE, a).Wait()
+
+    steps = [
+        ("raw mpi4py `Allreduce`", lambda: comm.Allreduce(MPI.IN_PLACE, a)),
+        ("raw mpi4py `Iallreduce` + `Wait`", raw_nb),
+        ("`hpcdist.all_reduce(t)`", lambda: hpcdist.all_reduce(t)),
+        ("`hpcdist.all_reduce(t, async_op=True).wait()`", lambda: hpcdist.all_reduce(t, async_op=True).wait()),
+        ("the backend's `allreduce([t], opts)` (blocking)", lambda: pg.allreduce([t], blocking)),
+        ("`torch.distributed.all_reduce(t)`", lambda: tdist.all_reduce(t)),
+        ("`torch.distributed.all_reduce(t, async_op=True).wait()`", lambda: tdist.all_reduce(t, async_op=True).wait()),
+    ]
+    iters = max(100, 5000 // args.scale)
+    best = [float("inf")] * len(steps)
+    for _ in range(args.rounds):
+        for i, (_, fn) in enumerate(steps):
+            best[i] = min(best[i], _time(fn, iters, comm, MPI))
+    out = ["| path (8 B, float32, SUM) | µs per call | over the row above µs |", "|---|---|---|"]
+    for i, (name, _) in enumerate(steps):
+        extra = f"{(best[i] - best[i - 1]) * 1e6:+.1f}" if i else ""
+        out.append(f"| {name} | {best[i] * 1e6:.1f} | {extra} |")
     return out
 
 
@@ -238,6 +284,9 @@ def worker(args) -> None:
         lines += [f"### all_reduce, {size} ranks (SUM, float32, in place; best of {args.rounds} rounds)", ""]
         lines += bench_allreduce(args, tdist, gloo, comm, MPI)
         lines.append("")
+    if "dispatch" in args.parts:
+        lines += [f"### torch dispatch, {size} ranks (best of {args.rounds} rounds)", ""]
+        lines += [*bench_dispatch(args, tdist, comm, MPI), ""]
     if "ddp" in args.parts:
         lines += [f"### DDP step, {size} ranks (median of {args.steps} steps after {args.warmup}, best of 2 passes)"]
         lines += ["", *bench_ddp(args, tdist, gloo, comm, MPI), ""]
@@ -260,7 +309,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--parts", default="allreduce,ddp")
+    ap.add_argument("--parts", default="dispatch,allreduce,ddp")
     ap.add_argument("--full", action="store_true", help="all calls and rounds even with more ranks than cores")
     args = ap.parse_args()
     args.scale = 1
