@@ -61,6 +61,11 @@ def test_unsupported_op_names_op_dtype_and_what_works(res: list[dict[str, Any]])
     assert "all_reduce" in msg and "BAND" in msg and "float32" in msg and "integer and bool" in msg, msg
 
 
+def test_monitored_barrier_names_the_missing_rank_as_gloo(res: list[dict[str, Any]]) -> None:
+    msg = res[0]["monitored_missing"]
+    assert "Rank 1 failed to pass monitoredBarrier in 1000 ms" in msg, msg  # gloo's phrase (torch's tests grep it)
+
+
 @pytest.mark.parametrize(
     ("mode", "said"), [("crash", "rank 1 fails on purpose"), ("crash_mpi", "truncat")], ids=["python", "mpi_error"]
 )

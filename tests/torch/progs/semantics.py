@@ -11,6 +11,8 @@ Each check records True/False (or a message) per rank; the test asserts them.
   and through the future;
 * an unsupported dtype and an op the dtype does not support raise on one rank
   before any message moves (the other rank carries on with the next collective);
+* the group's ``monitored_barrier`` (torch's function refuses non-gloo backends) passes when
+  every rank comes and names the missing rank in gloo's words when one does not;
 * ``mode=crash``: rank 1 raises while rank 0 waits in a collective: the job ends.
 * ``mode=crash_mpi``: rank 1's receive fails in MPI (truncation), ``wait()`` raises it and
   nothing handles it, while rank 0 waits in a collective: the job ends.
@@ -146,6 +148,17 @@ if rank == 0:
 t = torch.full((2,), float(rank))
 dist.all_reduce(t)
 res["after_bad_input"] = torch.equal(t, torch.full((2,), 1.0))
+
+# -- the group's monitored_barrier: passes when all come; rank 0 names a missing one in gloo's words
+world = dist.group.WORLD
+world.monitored_barrier(timedelta(seconds=60))
+if rank == 0:
+    try:
+        world.monitored_barrier(timedelta(seconds=1))  # rank 1 does not come
+        res["monitored_missing"] = "no error"
+    except RuntimeError as exc:
+        res["monitored_missing"] = str(exc)
+dist.barrier()
 
 save(outdir, "semantics", res)
 dist.destroy_process_group()
