@@ -7,8 +7,8 @@ C++ users (DDP's reducer, functional collectives under DTensor/FSDP2) call
 these methods with torch's option structs; each one checks the tensors'
 dtypes and the op, then forwards to the matching hpcdist collective on the
 group's MPI communicator (:mod:`hpcdist.collectives`, :mod:`hpcdist.p2p`),
-which picks the engine for the tensors' device (host MPI, CUDA-aware or
-staged MPI for CUDA tensors).
+which picks the engine for the tensors' device (host MPI or shared memory
+on one node, CUDA-aware or staged MPI for CUDA tensors).
 
 * ``opts.asyncOp`` False (a blocking call from Python): the operation runs
   to completion on the calling thread and an already-complete Work returns.
@@ -16,7 +16,11 @@ staged MPI for CUDA tensors).
   collective with a non-blocking one, and ranks may mix ``async_op``).
 * ``opts.asyncOp`` True (``async_op=True``, and every C++ caller): the MPI
   operation starts and a :class:`~hpcdist.torch.work.HpcdistWork` returns,
-  completing when the MPI requests do.
+  completing when the MPI requests do. An all-reduce of a CPU tensor takes
+  the MPI engine's non-blocking path even where the group's engine is the
+  shared-memory one (whose calls complete before returning), so DDP's
+  buckets overlap backward; on one node ranks must then agree on
+  ``async_op`` for all-reduces in the shared-memory size window.
 * Called on the progress thread (inside a future's callback, e.g. PowerSGD's):
   the operation runs to completion there, so a callback that waits on it
   cannot block the thread that would complete it.
