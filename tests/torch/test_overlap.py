@@ -9,6 +9,11 @@ last two layers) is issued after its 4 gradients and before the first
 layer's, and on rank 0 it is still incomplete when the last gradient hook
 runs (rank 1 has not joined it yet). A backend that ran the all-reduce
 inside backward, synchronously, would fail both.
+
+The same program then all-reduces 1 MiB blocking and asynchronously with the
+engines' ``all_reduce`` wrapped: the blocking call must take the group's
+engine (the shared-memory one on one node, where its table says it wins) and
+the asynchronous one MPI's non-blocking path.
 """
 
 from __future__ import annotations
@@ -51,3 +56,16 @@ def test_first_bucket_incomplete_at_the_last_gradient(record: list[dict[str, Any
         "inside backward"
     )
     assert record[1]["state"]["released"], "rank 1 waited 60 s for rank 0's last gradient hook: backward was blocked"
+
+
+def test_blocking_all_reduce_takes_the_groups_engine_async_takes_mpi(record: list[dict[str, Any]]) -> None:
+    """A 1 MiB all_reduce: blocking -> the group's engine (shared memory on one node, in its window);
+    asynchronous -> MPI's non-blocking path only (a shared-memory call would complete before returning)."""
+    for r, rec in enumerate(record):
+        p = rec["paths"]
+        assert p["value"], f"rank {r}: wrong sums"
+        assert p["async"] == ["MPIEngine"], f"rank {r}: the asynchronous all_reduce entered {p['async']}"
+        if p["engine"] == "ShmEngine" and p["window"] == "shm":
+            assert p["blocking"] == ["ShmEngine"], f"rank {r}: the blocking all_reduce entered {p['blocking']}"
+        else:  # HPCDIST_SHM=0 or a machine where shared memory never wins at 1 MiB: the MPI engine
+            assert p["blocking"][-1:] == ["MPIEngine"], f"rank {r}: {p}"

@@ -14,6 +14,9 @@ bucket; rank 1 then goes on after 60 s without the message and the record
 shows the all-reduce completed before the last hook (the test fails, it does
 not hang).
 
+Then one blocking and one asynchronous 1 MiB all_reduce, recording which
+engine class's ``all_reduce`` each entered.
+
 Usage: mpiexec -n 2 python overlap.py hpcdist OUTDIR
 """
 
@@ -97,5 +100,33 @@ issued.clear()
 state["on"] = True
 ddp(x).square().sum().backward()  # the recorded step
 side.Barrier()
-save(outdir, "overlap", {"events": events, "state": state, "buckets": len(issued)})
+HpcdistProcessGroup.allreduce = _allreduce  # type: ignore[method-assign]  # recording done
+record = {"events": list(events), "state": state, "buckets": len(issued)}
+
+# -- which engine runs a 1 MiB all_reduce: the group's (shared memory on one node) when blocking,
+#    MPI's non-blocking path when asynchronous (so it can overlap); counted by wrapping the engines
+from hpcdist.backends.mpi import MPIEngine  # noqa: E402
+from hpcdist.backends.shm.engine import ShmEngine  # noqa: E402
+
+entered: list[str] = []
+for cls in (ShmEngine, MPIEngine):
+    inner = cls.__dict__["all_reduce"]
+
+    def counted(self: Any, *a: Any, _inner: Any = inner, _name: str = cls.__name__, **k: Any) -> Any:
+        entered.append(_name)
+        return _inner(self, *a, **k)
+
+    cls.all_reduce = counted  # type: ignore[method-assign]
+big = torch.ones(1 << 18)  # 1 MiB of float32
+paths: dict[str, Any] = {}
+torch.distributed.all_reduce(big)
+paths["blocking"] = list(entered)
+entered.clear()
+torch.distributed.all_reduce(big, async_op=True).wait()
+paths["async"] = list(entered)
+engine = torch.distributed.group.WORLD.hpcdist_group.engine("cpu")
+paths["engine"] = type(engine).__name__
+paths["window"] = engine.path("all_reduce", big.numel() * 4) if isinstance(engine, ShmEngine) else "mpi"
+paths["value"] = bool(torch.equal(big, torch.full_like(big, float(n * n))))
+save(outdir, "overlap", {**record, "paths": paths})
 side.Free()
