@@ -91,11 +91,13 @@ def monitored_barrier(
             req.Wait()
         names = [pg._ranks[r] for r in missing]
         who = names if wait_all_ranks else names[:1]
-        raise DistTimeoutError(
+        err = DistTimeoutError(
             f"monitored_barrier: global rank{'s' if len(who) > 1 else ''} {', '.join(map(str, who))} "
             f"failed to pass monitored_barrier within {limit:g}s"
             + ("" if wait_all_ranks else " (pass wait_all_ranks=True to list every missing rank)")
         )
+        err.missing_ranks = who  # type: ignore[attr-defined]  # the global ranks named (hpcdist.torch words them)
+        raise err
     release = np.array([seq], dtype=np.int64)
     sends = [comm.Isend(release, r, release_tag) for r in bufs]
     wait_requests(sends, limit)

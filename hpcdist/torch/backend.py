@@ -7,8 +7,8 @@ C++ users (DDP's reducer, functional collectives under DTensor/FSDP2) call
 these methods with torch's option structs; each one checks the tensors'
 dtypes and the op, then forwards to the matching hpcdist collective on the
 group's MPI communicator (:mod:`hpcdist.collectives`, :mod:`hpcdist.p2p`),
-which picks the engine for the tensors' device (host MPI, CUDA-aware or
-staged MPI for CUDA tensors).
+which picks the engine for the tensors' device (host MPI or shared memory
+on one node, CUDA-aware or staged MPI for CUDA tensors).
 
 * ``opts.asyncOp`` False (a blocking call from Python): the operation runs
   to completion on the calling thread and an already-complete Work returns.
@@ -16,7 +16,11 @@ staged MPI for CUDA tensors).
   collective with a non-blocking one, and ranks may mix ``async_op``).
 * ``opts.asyncOp`` True (``async_op=True``, and every C++ caller): the MPI
   operation starts and a :class:`~hpcdist.torch.work.HpcdistWork` returns,
-  completing when the MPI requests do.
+  completing when the MPI requests do. An all-reduce of a CPU tensor takes
+  the MPI engine's non-blocking path even where the group's engine is the
+  shared-memory one (whose calls complete before returning), so DDP's
+  buckets overlap backward; on one node ranks must then agree on
+  ``async_op`` for all-reduces in the shared-memory size window.
 * Called on the progress thread (inside a future's callback, e.g. PowerSGD's):
   the operation runs to completion there, so a callback that waits on it
   cannot block the thread that would complete it.
@@ -31,7 +35,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -39,10 +43,12 @@ from torch._C import _distributed_c10d as _c10d
 
 from .. import collectives as C
 from .. import p2p
+from ..buffers.adapters import adapt
 from ..collectives import combine
+from ..ops import resolve_op
 from . import progress
 from .groups import Attached, detach
-from .ops import check_tensors, reduce_op
+from .ops import check_tensors, plain_op, reduce_op
 from .sparse import all_reduce_sparse
 from .work import HpcdistWork, done_work
 
@@ -50,6 +56,47 @@ __all__ = ["BACKEND_NAME", "HpcdistProcessGroup"]
 
 BACKEND_NAME = "hpcdist"
 _get_ident = threading.get_ident
+_AllreduceOptions = _c10d.AllreduceOptions
+_strided = torch.strided
+
+
+class _Pairwise(NamedTuple):
+    """A method running one hpcdist call per (output, input) pair: torch's name, the call, its argument names."""
+
+    name: str
+    call: Callable[[Any, Any, Any, Any], Any]  # (output, input, op or None, hpcdist group) -> hpcdist Work
+    reduces: bool  # takes opts.reduceOp
+    args: tuple[str, str]  # (outputs, inputs) argument names, for errors
+
+
+_ALL_GATHER = _Pairwise(
+    "all_gather",
+    lambda o, i, op, g: C.all_gather(o, i, group=g, async_op=True),
+    False,
+    ("output_tensors", "input_tensors"),
+)
+_ALL_GATHER_INTO = _Pairwise(
+    "all_gather_into_tensor",
+    lambda o, i, op, g: C.all_gather_into_tensor(o, i, group=g, async_op=True),
+    False,
+    ("output", "input"),
+)
+_ALL_GATHER_INTO_MANY = _ALL_GATHER_INTO._replace(name="all_gather_into_tensor_coalesced", args=("outputs", "inputs"))
+_REDUCE_SCATTER = _Pairwise(
+    "reduce_scatter",
+    lambda o, i, op, g: C.reduce_scatter(o, i, op, group=g, async_op=True),
+    True,
+    ("output_tensors", "input_tensors"),
+)
+_REDUCE_SCATTER_INTO = _Pairwise(
+    "reduce_scatter_tensor",
+    lambda o, i, op, g: C.reduce_scatter_tensor(o, i, op, group=g, async_op=True),
+    True,
+    ("output", "input"),
+)
+_REDUCE_SCATTER_INTO_MANY = _REDUCE_SCATTER_INTO._replace(
+    name="reduce_scatter_tensor_coalesced", args=("outputs", "inputs")
+)
 
 
 class HpcdistProcessGroup(dist.ProcessGroup):
@@ -65,6 +112,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         self._gdesc = ""
         self._closed = False
         self._g2l = dict(att.main._g2l)
+        self._async_engine: Any = None  # the plain MPI engine of asynchronous all-reduces (made on first use)
 
     # -- identity ---------------------------------------------------------------------
 
@@ -131,26 +179,51 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         )
 
     def allreduce(self, tensors: list[Any], opts: Any = None) -> Any:
+        if type(opts) is _AllreduceOptions and len(tensors) == 1:  # the hot path: torch's all_reduce of one tensor
+            t = tensors[0]
+            op = plain_op(opts.reduceOp, t.dtype) if t.layout is _strided else None
+            if op is not None:  # a (ReduceOp, dtype) pair seen before: no checks left to do
+                if opts.asyncOp and progress.PROGRESS.ident != _get_ident():
+                    return HpcdistWork(self._all_reduce_start(t, op, True), tensors, "all_reduce", self._timeout_s)
+                work = C.all_reduce(t, op, group=self._hpg, async_op=True)
+                if work is not None:  # blocking (or inside a future's callback): complete it on this thread
+                    work.wait()
+                return HpcdistWork(None, tensors, "all_reduce", 0.0)
         if opts is None:
-            opts = _c10d.AllreduceOptions()
-        elif not isinstance(opts, _c10d.AllreduceOptions):  # torch allows allreduce(tensors, ReduceOp)
-            op, opts = opts, _c10d.AllreduceOptions()
+            opts = _AllreduceOptions()
+        elif not isinstance(opts, _AllreduceOptions):  # torch allows allreduce(tensors, ReduceOp)
+            op, opts = opts, _AllreduceOptions()
             opts.reduceOp = op
         if tensors and tensors[0].layout is torch.sparse_coo:  # gloo's sparse all-reduce: synchronous, SUM
             return self._go("all_reduce", False, tensors, lambda g: all_reduce_sparse(tensors, opts.reduceOp, g))
         check_tensors("all_reduce", "tensors", tensors)
         op = reduce_op("all_reduce", opts.reduceOp, tensors[0].dtype)
-        if len(tensors) == 1 and not opts.asyncOp:  # the hot path: one tensor, blocking
-            work = C.all_reduce(tensors[0], op, group=self._hpg, async_op=True)
-            if work is not None:
-                work.wait()
-            return done_work(tensors, "all_reduce")
+        asynchronous = opts.asyncOp and progress.PROGRESS.ident != _get_ident()
         return self._many(
             "all_reduce",
             opts.asyncOp,
             tensors,
-            [lambda g, t=t: C.all_reduce(t, op, group=g, async_op=True) for t in tensors],
+            [lambda g, t=t: self._all_reduce_start(t, op, asynchronous) for t in tensors],
         )
+
+    def _all_reduce_start(self, t: Any, op: Any, asynchronous: bool) -> Any:
+        """Start the all-reduce of ``t``; hpcdist's Work.
+
+        An asynchronous one of a CPU tensor takes the MPI engine's
+        non-blocking path, which the progress thread drives while the caller
+        goes on (DDP's buckets overlap backward). The group's own engine may
+        be the shared-memory one (one node, large arrays), whose calls
+        complete before they return: blocking calls take it.
+        """
+        if asynchronous and t.is_cpu:
+            eng = self._async_engine
+            if eng is None:
+                from ..backends.mpi import MPIEngine  # imports MPI: not at import time
+
+                eng = self._async_engine = MPIEngine(self._hpg, "cpu")
+            buf = adapt(t, "tensor", True)
+            return eng.all_reduce(buf, resolve_op(op, buf.dtype), sync=False)
+        return C.all_reduce(t, op, group=self._hpg, async_op=True)
 
     def allreduce_coalesced(self, tensors: list[Any], opts: Any = None) -> Any:
         opts = opts or _c10d.AllreduceCoalescedOptions()
@@ -176,30 +249,17 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         )
 
     def allgather(self, output_tensors: list[list[Any]], input_tensors: list[Any], opts: Any = None) -> Any:
-        opts = opts or _c10d.AllgatherOptions()
-        check_tensors("all_gather", "input_tensors", input_tensors)
-        check_tensors("all_gather", "output_tensors", output_tensors)
-        return self._many(
-            "all_gather",
-            opts.asyncOp,
-            _flat(output_tensors),
-            [
-                lambda g, o=o, i=i: C.all_gather(o, i, group=g, async_op=True)
-                for o, i in zip(output_tensors, input_tensors, strict=True)
-            ],
-        )
+        return self._pairwise(_ALL_GATHER, output_tensors, input_tensors, opts or _c10d.AllgatherOptions())
 
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:
-        opts = opts or _c10d.AllgatherOptions()
-        check_tensors("all_gather_into_tensor", "input", [input, output])
-        return self._go(
-            "all_gather_into_tensor",
-            opts.asyncOp,
-            [output],
-            lambda g: C.all_gather_into_tensor(output, input, group=g, async_op=True),
-        )
+        return self._pairwise(_ALL_GATHER_INTO, [output], [input], opts or _c10d.AllgatherOptions())
 
     _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs: list[Any], inputs: list[Any], opts: Any = None) -> Any:
+        return self._pairwise(_ALL_GATHER_INTO_MANY, outputs, inputs, opts or _c10d.AllgatherOptions())
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def allgather_coalesced(self, output_lists: list[list[Any]], input_list: list[Any], opts: Any = None) -> Any:
         opts = opts or _c10d.AllgatherOptions()
@@ -210,21 +270,6 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             _flat(output_lists),
             lambda g: C.all_gather_coalesced(output_lists, input_list, group=g, async_op=True),
         )
-
-    def all_gather_single_coalesced(self, outputs: list[Any], inputs: list[Any], opts: Any = None) -> Any:
-        opts = opts or _c10d.AllgatherOptions()
-        check_tensors("all_gather_into_tensor_coalesced", "inputs", inputs)
-        return self._many(
-            "all_gather_into_tensor_coalesced",
-            opts.asyncOp,
-            list(outputs),
-            [
-                lambda g, o=o, i=i: C.all_gather_into_tensor(o, i, group=g, async_op=True)
-                for o, i in zip(outputs, inputs, strict=True)
-            ],
-        )
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def gather(self, output_tensors: list[list[Any]], input_tensors: list[Any], opts: Any = None) -> Any:
         opts = opts or _c10d.GatherOptions()
@@ -251,47 +296,31 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         )
 
     def reduce_scatter(self, output_tensors: list[Any], input_tensors: list[list[Any]], opts: Any = None) -> Any:
-        opts = opts or _c10d.ReduceScatterOptions()
-        check_tensors("reduce_scatter", "output_tensors", output_tensors)
-        op = reduce_op("reduce_scatter", opts.reduceOp, output_tensors[0].dtype)
-        return self._many(
-            "reduce_scatter",
-            opts.asyncOp,
-            list(output_tensors),
-            [
-                lambda g, o=o, i=i: C.reduce_scatter(o, i, op, group=g, async_op=True)
-                for o, i in zip(output_tensors, input_tensors, strict=True)
-            ],
-        )
+        return self._pairwise(_REDUCE_SCATTER, output_tensors, input_tensors, opts or _c10d.ReduceScatterOptions())
 
     def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:
-        opts = opts or _c10d.ReduceScatterOptions()
-        check_tensors("reduce_scatter_tensor", "output", [output, input])
-        op = reduce_op("reduce_scatter_tensor", opts.reduceOp, output.dtype)
-        return self._go(
-            "reduce_scatter_tensor",
-            opts.asyncOp,
-            [output],
-            lambda g: C.reduce_scatter_tensor(output, input, op, group=g, async_op=True),
-        )
+        return self._pairwise(_REDUCE_SCATTER_INTO, [output], [input], opts or _c10d.ReduceScatterOptions())
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs: list[Any], inputs: list[Any], opts: Any = None) -> Any:
-        opts = opts or _c10d.ReduceScatterOptions()
-        check_tensors("reduce_scatter_tensor_coalesced", "outputs", outputs)
-        op = reduce_op("reduce_scatter_tensor_coalesced", opts.reduceOp, outputs[0].dtype)
-        return self._many(
-            "reduce_scatter_tensor_coalesced",
-            opts.asyncOp,
-            list(outputs),
-            [
-                lambda g, o=o, i=i: C.reduce_scatter_tensor(o, i, op, group=g, async_op=True)
-                for o, i in zip(outputs, inputs, strict=True)
-            ],
-        )
+        return self._pairwise(_REDUCE_SCATTER_INTO_MANY, outputs, inputs, opts or _c10d.ReduceScatterOptions())
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _pairwise(self, spec: _Pairwise, outputs: list[Any], inputs: list[Any], opts: Any) -> Any:
+        """One hpcdist call per (output, input) pair (``spec.call``), as one Work; the flat outputs are its result."""
+        check_tensors(spec.name, spec.args[1], inputs)
+        check_tensors(spec.name, spec.args[0], outputs)
+        result = _flat(outputs)
+        op = reduce_op(spec.name, opts.reduceOp, result[0].dtype) if spec.reduces and result else None
+        call = spec.call
+        return self._many(
+            spec.name,
+            opts.asyncOp,
+            result,
+            [lambda g, o=o, i=i: call(o, i, op, g) for o, i in zip(outputs, inputs, strict=True)],
+        )
 
     def alltoall(self, output_tensors: list[Any], input_tensors: list[Any], opts: Any = None) -> Any:
         opts = opts or _c10d.AllToAllOptions()
@@ -323,10 +352,36 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         return self._go("barrier", opts.asyncOp, [], lambda g: C.barrier(group=g, async_op=True))
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        """hpcdist's monitored barrier on this group: names the ranks that did not arrive within ``timeout``."""
-        from ..debug import monitored_barrier
+        """hpcdist's monitored barrier on this group, its errors worded as gloo's (logs and tests grep for them).
 
-        monitored_barrier(self._hpg, timeout=timeout, wait_all_ranks=wait_all_ranks)
+        Rank 0 raises "Rank N failed to pass monitoredBarrier in T ms" naming the group rank(s) that did
+        not arrive within ``timeout`` ("Rank 0 timed out in monitoredBarrier" when ``timeout`` is zero);
+        the other ranks "Rank R successfully reached monitoredBarrier, but received errors while waiting
+        for send/recv from rank 0". Both are :class:`~hpcdist.errors.DistTimeoutError` (a RuntimeError).
+        """
+        from ..debug import monitored_barrier
+        from ..errors import DistTimeoutError
+
+        secs = _limit_seconds(timeout, self._timeout_s)
+        try:  # a zero timeout is gloo's "no time at all": hpcdist's takes only positive ones
+            monitored_barrier(self._hpg, timeout=max(secs, 1e-9), wait_all_ranks=wait_all_ranks)
+        except DistTimeoutError as exc:
+            ms = int(secs * 1000)
+            me = self.rank()
+            if me != 0:
+                what = (
+                    f"Rank {me} successfully reached monitoredBarrier, but received errors while waiting for "
+                    "send/recv from rank 0. Please check rank 0 logs for faulty rank."
+                )
+            elif secs <= 0:
+                what = f"Rank 0 timed out in monitoredBarrier after {ms} ms."
+            else:
+                ranks = [self._g2l.get(g, g) for g in getattr(exc, "missing_ranks", [])]
+                what = (
+                    f"Rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} failed to pass "
+                    f"monitoredBarrier in {ms} ms."
+                )
+            raise DistTimeoutError(f"[Rank {me}]: {what} ({exc})") from exc
 
     # -- point to point (always asynchronous: torch waits on the Work) --------------------
 
@@ -362,5 +417,13 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         self._hpg.abort()
 
 
-def _flat(lists: list[list[Any]]) -> list[Any]:
-    return [t for lst in lists for t in lst]
+def _limit_seconds(timeout: Any, default_s: float) -> float:
+    """torch's timeout argument (timedelta, seconds or None: the group's) in seconds."""
+    if timeout is None:
+        return default_s
+    return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+
+
+def _flat(items: list[Any]) -> list[Any]:
+    """The tensors of a list whose elements are tensors or lists of tensors."""
+    return [t for x in items for t in (x if isinstance(x, (list, tuple)) else (x,))]

@@ -21,7 +21,7 @@ import torch
 
 from ..ops import RedOpType, ResolvedOp, resolve_op
 
-__all__ = ["SUPPORTED_DTYPES", "check_tensors", "reduce_op"]
+__all__ = ["SUPPORTED_DTYPES", "check_tensors", "plain_op", "reduce_op"]
 
 SUPPORTED_DTYPES = (
     torch.bool,
@@ -65,7 +65,8 @@ def _logical(dtype: Any) -> str:
     return name if name is not None else str(dtype).removeprefix("torch.")
 
 
-_CACHE: dict[tuple[int, Any], Any] = {}
+#: (torch RedOpType, torch dtype) -> hpcdist op, for every pair but PREMUL_SUM once checked
+_CACHE: dict[tuple[Any, Any], Any] = {}
 
 
 def reduce_op(opname: str, op: Any, dtype: Any) -> Any:
@@ -75,6 +76,9 @@ def reduce_op(opname: str, op: Any, dtype: Any) -> Any:
     """
     kind = getattr(op, "op", op)
     value = int(kind)
+    hit = _CACHE.get((kind, dtype))
+    if hit is not None:
+        return hit
     if value == RedOpType.PREMUL_SUM:
         factor = getattr(op, "factor", None)
         if factor is None:
@@ -83,10 +87,6 @@ def reduce_op(opname: str, op: Any, dtype: Any) -> Any:
             factor = factor.item()
         hop: Any = RedOpType.PREMUL_SUM(factor)
     else:
-        key = (value, dtype)
-        hit = _CACHE.get(key)
-        if hit is not None:
-            return hit
         hop = RedOpType(value)
     try:
         checked: ResolvedOp = resolve_op(hop, _logical(dtype), "op")
@@ -98,5 +98,11 @@ def reduce_op(opname: str, op: Any, dtype: Any) -> Any:
         ) from None
     del checked
     if value != RedOpType.PREMUL_SUM:
-        _CACHE[(value, dtype)] = hop
+        _CACHE[(kind, dtype)] = hop
     return hop
+
+
+def plain_op(op: Any, dtype: Any) -> Any:
+    """The hot path's :func:`reduce_op`: the op for torch's ``ReduceOp`` ``op`` on ``dtype`` when that pair was
+    resolved (so checked) before, else None (first use, PREMUL_SUM: call :func:`reduce_op`)."""
+    return _CACHE.get((op.op, dtype))

@@ -37,24 +37,35 @@ def _limit(timeout: Any, default_s: float) -> float:
     return default_s if secs <= 0 else secs
 
 
+_work_init = dist._Work.__init__
+
+
 class HpcdistWork(dist._Work):
     """torch ``Work`` over an hpcdist Work (None: already complete).
 
     ``result``: the list of output tensors (the future's value).
     """
 
+    # Class-level defaults: a completed Work (the blocking path, once per call) sets two attributes only.
+    _hw: Any = None
+    _timeout_s = 0.0
+    _done = True
+    _exc: BaseException | None = None
+    _fut: Any = None
+    _owned: threading.Event | None = None  # set once the progress thread completed it
+    _src_map: Any = None  # global rank -> group rank, for recv's source
+    _lock: Any = None
+
     def __init__(self, hwork: Any, result: list[Any], name: str, timeout_s: float, src_map: Any = None) -> None:
-        super().__init__()
-        self._hw = hwork
+        _work_init(self)
         self._result = result
         self._name = name
-        self._timeout_s = timeout_s
+        if hwork is not None:
+            self._hw = hwork
+            self._timeout_s = timeout_s
+            self._done = False
+            self._src_map = src_map
         self._lock = threading.Lock()
-        self._done = hwork is None
-        self._exc: BaseException | None = None
-        self._fut: Any = None
-        self._owned: threading.Event | None = None  # set once the progress thread completed it
-        self._src_map = src_map  # global rank -> group rank, for recv's source
 
     # -- completion (one thread at a time) ------------------------------------------
 

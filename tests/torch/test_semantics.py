@@ -61,15 +61,25 @@ def test_unsupported_op_names_op_dtype_and_what_works(res: list[dict[str, Any]])
     assert "all_reduce" in msg and "BAND" in msg and "float32" in msg and "integer and bool" in msg, msg
 
 
-def test_exception_on_one_rank_ends_the_job(tmp_path: Path) -> None:
+def test_monitored_barrier_names_the_missing_rank_as_gloo(res: list[dict[str, Any]]) -> None:
+    msg = res[0]["monitored_missing"]
+    assert "Rank 1 failed to pass monitoredBarrier in 1000 ms" in msg, msg  # gloo's phrase (torch's tests grep it)
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"), [("crash", "rank 1 fails on purpose"), ("crash_mpi", "truncat")], ids=["python", "mpi_error"]
+)
+def test_exception_on_one_rank_ends_the_job(tmp_path: Path, mode: str, said: str) -> None:
+    """A Python exception, or an MPI error raised by a Work's wait(), on rank 1 ends the job."""
     import os
 
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(PROGS)]), HPCDIST_TIMEOUT="300", PYTHONUNBUFFERED="1"
     )
-    cmd = [mpiexec(), "-n", "2", sys.executable, str(PROGS / "semantics.py"), "hpcdist", str(tmp_path), "crash"]
+    cmd = [mpiexec(), "-n", "2", sys.executable, str(PROGS / "semantics.py"), "hpcdist", str(tmp_path), mode]
     out = run_limited(cmd, env, 120)
     assert not out.timed_out, "the job hung after rank 1 raised"
     assert out.returncode != 0
+    assert "returned although rank 1 died" not in out.output and "raised nothing" not in out.output, out.output[-2000:]
     # the traceback may lose the race with the launcher's teardown; the abort itself is always reported
-    assert "rank 1 fails on purpose" in out.output or "MPI_Abort" in out.output, out.output[-2000:]
+    assert said in out.output.lower() or "MPI_Abort" in out.output, out.output[-2000:]

@@ -11,9 +11,13 @@ Each check records True/False (or a message) per rank; the test asserts them.
   and through the future;
 * an unsupported dtype and an op the dtype does not support raise on one rank
   before any message moves (the other rank carries on with the next collective);
+* the group's ``monitored_barrier`` (torch's function refuses non-gloo backends) passes when
+  every rank comes and names the missing rank in gloo's words when one does not;
 * ``mode=crash``: rank 1 raises while rank 0 waits in a collective: the job ends.
+* ``mode=crash_mpi``: rank 1's receive fails in MPI (truncation), ``wait()`` raises it and
+  nothing handles it, while rank 0 waits in a collective: the job ends.
 
-Usage: mpiexec -n 2 python semantics.py hpcdist OUTDIR [crash]
+Usage: mpiexec -n 2 python semantics.py hpcdist OUTDIR [crash|crash_mpi]
 """
 
 from __future__ import annotations
@@ -37,6 +41,13 @@ if len(sys.argv) > 3 and sys.argv[3] == "crash":
         raise RuntimeError("rank 1 fails on purpose")
     dist.all_reduce(torch.ones(2))  # never completes: rank 1 is gone
     raise SystemExit("rank 0: the all_reduce returned although rank 1 died")
+if len(sys.argv) > 3 and sys.argv[3] == "crash_mpi":
+    if rank == 0:
+        dist.send(torch.arange(8.0), 1, tag=3)
+        dist.all_reduce(torch.ones(2))  # never completes: rank 1 is gone
+        raise SystemExit("rank 0: the all_reduce returned although rank 1 died")
+    dist.irecv(torch.zeros(4), 0, tag=3).wait()  # MPI's truncation error, raised by wait() and not handled
+    raise SystemExit("rank 1: the truncated receive raised nothing")
 
 # -- an irecv is pending until the peer sends (the peer sends only when told)
 go = torch.zeros(1)
@@ -137,6 +148,17 @@ if rank == 0:
 t = torch.full((2,), float(rank))
 dist.all_reduce(t)
 res["after_bad_input"] = torch.equal(t, torch.full((2,), 1.0))
+
+# -- the group's monitored_barrier: passes when all come; rank 0 names a missing one in gloo's words
+world = dist.group.WORLD
+world.monitored_barrier(timedelta(seconds=60))
+if rank == 0:
+    try:
+        world.monitored_barrier(timedelta(seconds=1))  # rank 1 does not come
+        res["monitored_missing"] = "no error"
+    except RuntimeError as exc:
+        res["monitored_missing"] = str(exc)
+dist.barrier()
 
 save(outdir, "semantics", res)
 dist.destroy_process_group()
