@@ -30,6 +30,7 @@ OPS = (
     "all_gather_into_tensor",
     "reduce_scatter",
     "reduce_scatter_tensor",
+    "all_to_all_single",
     "barrier",
 )
 
@@ -45,6 +46,7 @@ TABLE: dict[str, dict[int, tuple[int, int]]] = {
     "all_gather_into_tensor": {2: (1 << 20, INF), 4: (1 << 20, INF)},
     "reduce_scatter": {2: (1 << 20, INF), 4: (1 << 20, INF)},
     "reduce_scatter_tensor": {2: (1 << 20, INF), 4: (1 << 20, INF)},
+    "all_to_all_single": {2: (1 << 20, INF), 4: (1 << 20, INF)},
     "barrier": {2: NEVER, 4: NEVER},
 }
 
