@@ -4,7 +4,8 @@ A blocking MPI call cannot be interrupted, so every step that waits for other
 ranks is done with a non-blocking call polled against the timeout: a barrier
 (``MPI_Ibarrier``), a small exchange (``MPI_Iallgather``/``MPI_Ibcast`` of a
 JSON payload), and before the MPI calls that have no non-blocking form
-(``MPI_Comm_split_type``, ``MPI_Comm_split``, ``MPI_Comm_create_group``) a
+(``MPI_Comm_split_type``: :func:`hpcdist.topology.split_shared`, ``MPI_Comm_split``,
+``MPI_Comm_create_group``) a
 polled barrier that proves every rank is there; those calls then run under
 the watchdog as a backstop for a rank that dies between the two.
 
@@ -33,7 +34,6 @@ __all__ = [
     "timed_barrier",
     "timed_bcast_json",
     "timed_members_barrier",
-    "timed_split_shared",
     "watched",
     "wait_or_raise",
 ]
@@ -151,14 +151,3 @@ def _cancel(reqs: list[Any]) -> None:
                 req.Wait()
         except Exception:  # pragma: no cover - a request the MPI cannot cancel is left as it is
             pass
-
-
-def timed_split_shared(comm: Any, timeout_s: float, what: str, hint: str) -> tuple[int, int]:
-    """(rank, size) among the ranks of ``comm`` sharing this node (``MPI_Comm_split_type`` SHARED), bounded."""
-    from mpi4py import MPI
-
-    node = guarded(lambda: comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank()), comm, timeout_s, what, hint)
-    try:
-        return int(node.Get_rank()), int(node.Get_size())
-    finally:
-        node.Free()

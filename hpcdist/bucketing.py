@@ -15,8 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from .buffers.adapters import adapt_list
-from .collectives import SUM, all_reduce_coalesced, combine
+from .collectives import SUM, all_reduce, all_reduce_coalesced, combine
 from .group import resolve_group
 from .work import Work
 
@@ -93,11 +95,31 @@ def all_reduce_bucketed(
         raise TypeError(f"tensors must be a list of arrays, got {type(tensors).__name__}")
     if not tensors:
         return None
+    cap = int(bucket_cap_mb * (1 << 20))
+    if not async_op and all(type(t) is np.ndarray and t.flags.c_contiguous for t in tensors):
+        _numpy_buckets(tensors, op, pg, cap)
+        return None
     bufs = adapt_list(tensors, "tensors", True)
-    plan = bucket_indices(
-        [b.arr.nbytes for b in bufs], [(b.dtype, b.device, b.index) for b in bufs], int(bucket_cap_mb * (1 << 20))
-    )
+    plan = bucket_indices([b.arr.nbytes for b in bufs], [(b.dtype, b.device, b.index) for b in bufs], cap)
     works = [all_reduce_coalesced([tensors[i] for i in idx], op, pg, async_op=async_op) for idx in plan]
     if not async_op:
         return None
     return combine([w for w in works if w is not None], "all_reduce_bucketed", pg)
+
+
+def _numpy_buckets(arrays: list[np.ndarray], op: Any, pg: Any, cap: int) -> None:
+    """The blocking path for C-contiguous NumPy arrays: plan, pack with one ``concatenate``, one
+    :func:`~hpcdist.all_reduce` per bucket, copy back (no per-array adapter objects)."""
+    plan = bucket_indices([a.nbytes for a in arrays], [a.dtype.str for a in arrays], cap)
+    for idx in plan:
+        if len(idx) == 1:
+            all_reduce(arrays[idx[0]], op, pg)
+            continue
+        parts = [arrays[i].reshape(-1) for i in idx]
+        flat = np.concatenate(parts)
+        all_reduce(flat, op, pg)
+        lo = 0
+        for part in parts:
+            hi = lo + part.size
+            part[...] = flat[lo:hi]
+            lo = hi

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["local_rank_size", "node_identity", "node_layout", "node_of_ranks"]
+__all__ = ["local_rank_size", "node_identity", "node_layout", "node_of_ranks", "split_shared"]
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
@@ -62,11 +62,11 @@ def _key(identity: str) -> int:
     return int.from_bytes(hashlib.blake2b(identity.encode(), digest_size=8).digest(), "little", signed=True)
 
 
-def node_layout(comm: Any, timeout_s: float | None = None) -> list[int]:
+def node_layout(comm: Any, timeout_s: float | None = None, what: str = "init_process_group (node layout)") -> list[int]:
     """The node index of every rank of ``comm``, nodes numbered by their lowest rank.
 
     SPMD: collective over ``comm`` (one ``Allgather`` of 8 bytes per rank);
-    with ``timeout_s``, polled and raising DistTimeoutError when a rank never comes.
+    with ``timeout_s``, polled and raising DistTimeoutError naming ``what`` when a rank never comes.
     """
     mine = np.array([_key(node_identity())], dtype=np.int64)
     if comm.Get_size() == 1:
@@ -80,7 +80,7 @@ def node_layout(comm: Any, timeout_s: float | None = None) -> list[int]:
         from ._timed import INIT_HINT, wait_or_raise
 
         req = comm.Iallgather([mine, MPI.INT64_T], [keys, MPI.INT64_T])
-        wait_or_raise(comm, [req], timeout_s, "init_process_group (node layout)", INIT_HINT)
+        wait_or_raise(comm, [req], timeout_s, what, INIT_HINT)
     index: dict[int, int] = {}
     return [index.setdefault(int(k), len(index)) for k in keys]
 
@@ -95,3 +95,19 @@ def local_rank_size(nodes: Sequence[int], rank: int) -> tuple[int, int]:
     """``(local rank, local size)`` of ``rank`` given the node index of every rank."""
     mine = nodes[rank]
     return sum(1 for n in nodes[:rank] if n == mine), sum(1 for n in nodes if n == mine)
+
+
+def split_shared(comm: Any, timeout_s: float, what: str, hint: str) -> Any:
+    """``comm.Split_type(COMM_TYPE_SHARED)`` (the ranks MPI can give shared memory to), bounded by ``timeout_s``.
+
+    The one place hpcdist calls ``MPI_Comm_split_type``: a polled barrier
+    first (DistTimeoutError naming ``what`` and ``hint`` when a rank never
+    comes), then the blocking split under the watchdog. Collective over
+    ``comm``; the caller frees the result. In launcher-free worlds MPI's idea
+    of "shared" may span hosts: use :func:`node_layout` for node-locality.
+    """
+    from mpi4py import MPI
+
+    from ._timed import guarded
+
+    return guarded(lambda: comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank()), comm, timeout_s, what, hint)

@@ -78,10 +78,11 @@ def main() -> int:
     import hpcdist as dist
     from hpcdist.backends import is_backend_available
     from hpcdist.gpu import cuda_aware_mpi, set_device_for_local_rank
+    from hpcdist.topology import split_shared
 
     comm = MPI.COMM_WORLD
     rank, n = comm.Get_rank(), comm.Get_size()
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    node = split_shared(comm, 60.0, "bench_gpu setup", "every rank runs this script")  # ranks on this node
     one_gpu_each = comm.allreduce(int(node.Get_size() <= cp.cuda.runtime.getDeviceCount()), op=MPI.MIN) == 1
     node.Free()
     use_nccl = is_backend_available("nccl") and one_gpu_each  # NCCL refuses two ranks on one GPU

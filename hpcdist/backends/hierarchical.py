@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from .. import config
+from .._timed import guarded
 from .._world import WORLD
 from ..buffers.adapters import Buf
 from ..buffers.dtypes import mpi_datatype
@@ -73,7 +74,8 @@ def spans_nodes(pg: Any) -> bool:
 
 
 class NodeTopology:
-    """The nodes of one group, as seen from this rank (collective to build: two ``Split`` s of the group's comm).
+    """The nodes of one group, as seen from this rank (collective to build: two ``Split`` s of the group's comm,
+    bounded by the group's timeout).
 
     ``node_pg``: the ranks of this node, a ProcessGroup whose engine runs
     the node-local steps; ``leaders``: the communicator of the nodes' lowest
@@ -94,8 +96,16 @@ class NodeTopology:
         self.order = [r for block in self.members for r in block]
         self.identity = self.order == list(range(len(nodes)))
         self.sizes = [len(b) for b in self.members]
-        node_comm = pg._comm.Split(me, pg._rank)
-        self.leaders = pg._comm.Split(0 if self.is_leader else MPI.UNDEFINED, pg._rank)
+        comm, limit = pg._comm, pg._timeout_s
+        # MPI_Comm_split has no non-blocking form: a polled barrier first, then both splits under the watchdog
+        node_comm, self.leaders = guarded(
+            lambda: (comm.Split(me, pg._rank), comm.Split(0 if self.is_leader else MPI.UNDEFINED, pg._rank)),
+            comm,
+            limit,
+            f"hierarchical collectives on {pg!r} (node and leader communicators)",
+            "every rank of the group must make the same collective calls in the same order (raise timeout= "
+            "if a rank is just slow)",
+        )
         self.node_pg = ProcessGroup(
             node_comm,
             [pg._ranks[r] for r in self.members[me]],

@@ -156,12 +156,14 @@ def _local_rank() -> int:
         if not _WORLD_LOCAL:
             from mpi4py import MPI
 
-            from .._timed import timed_split_shared
             from ..config import default_timeout
+            from ..topology import split_shared
 
             hint = "choosing a GPU before init_process_group is collective over COMM_WORLD: every rank must do it"
             limit = default_timeout().total_seconds()
-            _WORLD_LOCAL.append(timed_split_shared(MPI.COMM_WORLD, limit, "device_for_local_rank", hint)[0])
+            node = split_shared(MPI.COMM_WORLD, limit, "device_for_local_rank", hint)
+            _WORLD_LOCAL.append(int(node.Get_rank()))
+            node.Free()
         return _WORLD_LOCAL[0]
 
 

@@ -65,7 +65,9 @@ def _path_problem(path: str) -> str | None:
             return "NCCL is not available through CuPy"
         import cupy
 
-        node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+        from hpcdist.topology import split_shared
+
+        node = split_shared(MPI.COMM_WORLD, 60.0, "GPU test setup", "every rank runs the GPU tests")
         local = node.Get_size()
         node.Free()
         gpus = int(cupy.cuda.runtime.getDeviceCount())

@@ -100,6 +100,19 @@ def main() -> int:
             want = sum(data(r, n * size, dtype, 11).astype(np.float64) for r in range(size))[rank * n : (rank + 1) * n]
             key = f"reduce_scatter_tensor/{dtype}/{n}"
             checks[key] = close(out, want)
+    # the node-local steps of the hierarchical path, and a group of this node's ranks, run in shared memory
+    topo = dist.group.WORLD.engine("cpu")._topo
+    report["node_steps"] = type(topo.steps).__name__ if topo is not None else None
+    report["node_steps_segment"] = type(getattr(topo.steps, "_seg", None)).__name__ if topo is not None else None
+    big = data(rank, 1 << 18, "float32", 20)
+    dist.all_reduce(big, group=sub)
+    members = dist.get_process_group_ranks(sub)
+    ref = data(members[0], 1 << 18, "float32", 20)
+    for r in members[1:]:
+        ref = ref + data(r, 1 << 18, "float32", 20)  # the shared-memory engine's fixed rank order
+    checks["subgroup_all_reduce"] = bool(np.array_equal(big, ref))
+    report["subgroup_engine"] = type(sub.engine("cpu")).__name__
+    report["subgroup_segment"] = type(getattr(sub.engine("cpu"), "_seg", None)).__name__
     dist.destroy_process_group()
     print("REPORT " + json.dumps(report), flush=True)
     return 0

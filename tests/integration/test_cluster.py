@@ -140,6 +140,10 @@ def check_job(reports: list[dict], placement: list[str]) -> None:
         k = len(same)  # new_subgroups(): consecutive blocks as large as a node (torch's default)
         assert r["subgroup"] == list(range(r["rank"] // k * k, r["rank"] // k * k + k))
         assert r["engine"] == "HierarchicalEngine"
+        # launcher-free, MPI refuses shared windows; the POSIX segment serves the node-local steps anyway
+        assert (r["node_steps"], r["node_steps_segment"]) == ("ShmEngine", "Segment"), r
+        on_one_node = len({placement[m] for m in r["subgroup"]}) == 1  # else it spans nodes: MPI
+        assert (r["subgroup_engine"], r["subgroup_segment"]) == ("ShmEngine", "Segment" if on_one_node else "bool"), r
         bad = [k for k, ok in r["checks"].items() if not ok]
         assert not bad, f"rank {r['rank']}: differs from NumPy: {bad[:10]}"
     # reductions: the same bits on every rank

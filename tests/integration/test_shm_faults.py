@@ -23,6 +23,34 @@ def say(*parts):
 """
 
 
+def test_peer_missing_at_setup_times_out(tmp_path):
+    """One rank never makes the first shared-memory call: the segment's setup is bounded, the others get a timeout."""
+    script = (
+        PRELUDE
+        + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=2))
+x = np.ones(1000, np.float32)
+if dist.get_rank() == 0:
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x)             # the first shared-memory call: sets the segment up; rank 1 never comes
+    except dist.DistTimeoutError as e:
+        say(f"TIMEOUT after {time.monotonic() - t0:.1f}s: {e}")
+    import glob
+    say("LEFT", [p for p in glob.glob("/dev/shm/hpcdist-*") if f"-{os.getpid()}-" in p])
+    os._exit(0)
+else:
+    time.sleep(8)
+    os._exit(0)
+"""
+    )
+    r = run_mpi(2, script, tmp_path, env={"HPCDIST_SHM": "1"}, limit=90)
+    assert not r.timed_out, "the job hung on a missing peer: " + r.output
+    assert "TIMEOUT after" in r.stdout and "all_reduce" in r.stdout and "within 2s" in r.stdout, r.output
+    assert "shared-memory setup" in r.stdout, r.output
+    assert "LEFT []" in r.stdout, "the shared-memory file was left in /dev/shm: " + r.output
+
+
 def test_missing_peer_times_out_and_the_segment_refuses_reuse(tmp_path):
     script = (
         PRELUDE

@@ -218,3 +218,28 @@ def test_empty_arrays(sgroup):
     x = np.full(5, 1.0)
     dist.all_reduce(x, group=g)
     assert np.array_equal(x, np.full(5, float(n)))
+
+
+@pytest.mark.parametrize("scale", [1, 40])  # 40: blocks larger than a 64-byte slot, so pieces cross chunks
+@pytest.mark.parametrize("dtype", ["float64", "int16"])
+def test_all_to_all_single_even_and_uneven(sgroup, scale, dtype):
+    """all_to_all_single through shared memory against a NumPy reference, with even and uneven splits."""
+    g, members = sgroup
+    if not members:
+        return
+    n, i = len(members), members.index(me())
+
+    def count(src: int, dst: int) -> int:
+        return scale * (1 + (src * 7 + dst * 3) % 5)
+
+    def block(src: int, dst: int) -> np.ndarray:
+        return (1000 * src + 10 * dst + np.arange(count(src, dst))).astype(dtype)
+
+    inp = np.concatenate([block(i, j) for j in range(n)])
+    out = np.empty(sum(count(s, i) for s in range(n)), dtype=dtype)
+    dist.all_to_all_single(out, inp, [count(s, i) for s in range(n)], [count(i, j) for j in range(n)], group=g)
+    assert np.array_equal(out, np.concatenate([block(s, i) for s in range(n)]))
+    even_in = np.concatenate([np.full(scale, 100 * i + j, dtype=dtype) for j in range(n)])
+    even_out = np.empty_like(even_in)
+    dist.all_to_all_single(even_out, even_in, group=g)
+    assert np.array_equal(even_out, np.concatenate([np.full(scale, 100 * s + i, dtype=dtype) for s in range(n)]))

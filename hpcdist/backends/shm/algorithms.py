@@ -26,7 +26,17 @@ import numpy as np
 from ...buffers.reduction import f32_to_bf16_bits, premultiply, scale_average
 from .segment import Segment
 
-__all__ = ["UFUNCS", "all_gather", "all_reduce", "broadcast", "reduce_scatter", "work_dtype"]
+__all__ = [
+    "DIRECT_MAX",
+    "UFUNCS",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "broadcast",
+    "reduce",
+    "reduce_scatter",
+    "work_dtype",
+]
 
 #: the MPI op name of a ResolvedOp -> the NumPy ufunc that computes it
 UFUNCS: dict[str, Any] = {
@@ -95,25 +105,84 @@ def _reduce_slice(seg: Segment, set_: int, dt: np.dtype, count: int, lo: int, hi
 def all_reduce(
     seg: Segment,
     src: np.ndarray,
+    dst: np.ndarray,
+    mpi_op: str,
+    half: str | None = None,
+    premul: Any = None,
+    average: bool = False,
+) -> None:
+    """Reduce ``src`` over the segment's ranks into ``dst`` on every rank (``dst`` may be ``src``).
+
+    Groups of up to :data:`DIRECT_MAX` ranks: :func:`reduce` on every rank
+    (one copy in, one reduction straight into ``dst``, one sync per chunk);
+    larger ones: :func:`_all_reduce_slices` (each rank reduces one slice).
+    """
+    if src.size == 0:
+        return
+    if seg.size <= DIRECT_MAX:
+        reduce(seg, src, dst, mpi_op, half, premul, average)
+    else:
+        _all_reduce_slices(seg, src, dst, mpi_op, half, premul, average)
+
+
+#: the largest group whose ranks each reduce whole chunks (more ranks: each reduces a slice)
+DIRECT_MAX = 2
+
+
+def reduce(
+    seg: Segment,
+    src: np.ndarray,
     dst: np.ndarray | None,
     mpi_op: str,
     half: str | None = None,
     premul: Any = None,
     average: bool = False,
 ) -> None:
-    """Reduce ``src`` over the segment's ranks into ``dst`` (may be ``src``; None: compute, keep nothing).
+    """Each rank copies its chunk into its slot; after one sync every rank that keeps a result reduces all
+    slots, in rank order, straight into its ``dst`` (the same operations on the same bits: the same result).
 
-    Three stages per chunk (copy in, reduce this rank's slice, copy out),
-    pipelined so that a chunk's copy-in overlaps the previous one's
-    reduction: one sync per chunk.
+    Per rank and element: one copy and one ``n``-way reduction; no
+    intermediate result in the segment and no second sync per chunk.
     """
     n, me = seg.size, seg.rank
     dt = work_dtype(src, half)
     total = src.size
     k = seg.slot_bytes // dt.itemsize
+    ufunc = UFUNCS[mpi_op]
+    scratch = np.empty(min(k, total), dtype=dt) if (half and dst is not None) else None
+    for lo in range(0, total, k):
+        e = min(k, total - lo)
+        set_ = seg.set_of(seg.step)
+        _load(seg.slot(set_, me, dt, e), src[lo : lo + e], half, premul)
+        seg.sync()
+        if dst is None:
+            continue
+        out = dst[lo : lo + e] if scratch is None else scratch[:e]
+        ufunc(seg.slot(set_, 0, dt, e), seg.slot(set_, 1, dt, e), out=out)
+        for r in range(2, n):
+            ufunc(out, seg.slot(set_, r, dt, e), out=out)
+        if average:
+            scale_average(out, n)
+        if scratch is not None:
+            _store(dst[lo : lo + e], out, half)
+
+
+def _all_reduce_slices(
+    seg: Segment,
+    src: np.ndarray,
+    dst: np.ndarray,
+    mpi_op: str,
+    half: str | None,
+    premul: Any,
+    average: bool,
+) -> None:
+    """Three stages per chunk (copy in, reduce this rank's slice in slot 0, copy out),
+    pipelined so that a chunk's copy-in overlaps the previous one's reduction: one sync per chunk."""
+    n, me = seg.size, seg.rank
+    dt = work_dtype(src, half)
+    total = src.size
+    k = seg.slot_bytes // dt.itemsize
     chunks = -(-total // k)
-    if chunks == 0:
-        return
     ufunc = UFUNCS[mpi_op]
 
     def write(c: int, set_: int) -> None:
@@ -135,8 +204,7 @@ def all_reduce(
             sets.append(seg.set_of(seg.step))
             write(c + 1, sets[c + 1])
         seg.sync()
-        if dst is not None:
-            _store(dst[c * k : c * k + e], seg.slot(sets[c], 0, dt, e), half)
+        _store(dst[c * k : c * k + e], seg.slot(sets[c], 0, dt, e), half)
 
 
 def broadcast(seg: Segment, arr: np.ndarray, root: int) -> None:
@@ -219,3 +287,50 @@ def reduce_scatter(
         _store(dst[lo : lo + e], acc, half)
 
     _two_stage(seg, -(-total // k), write, read)
+
+
+def all_to_all(
+    seg: Segment, src: np.ndarray, scounts: list[int], dst: np.ndarray, rcounts: list[int], window: tuple[int, int]
+) -> bool:
+    """``src``'s block ``j`` (``scounts[j]`` items, in order) to rank ``j``'s ``dst`` at block ``me``; False: not done.
+
+    First every rank posts its send counts in its slot (one sync), so every
+    rank knows the whole count matrix and the same chunk schedule; when the
+    largest rank's send buffer (bytes) is outside ``window`` (``[lo, hi)``) every
+    rank returns False (the caller takes MPI: the decision is the same everywhere). Otherwise
+    each rank streams its send buffer through its slot chunk by chunk and
+    every rank copies out the pieces addressed to it.
+    """
+    n, me = seg.size, seg.rank
+    dt = src.dtype
+    set_ = seg.set_of(seg.step)
+    seg.slot(set_, me, np.int64, n)[:] = scounts
+    seg.sync()
+    matrix = np.stack([seg.slot(set_, r, np.int64, n).copy() for r in range(n)])  # [sender, receiver]
+    totals = matrix.sum(axis=1)
+    if not window[0] <= int(totals.max()) * dt.itemsize < window[1]:
+        return False
+    starts = np.concatenate([np.zeros((n, 1), np.int64), np.cumsum(matrix, axis=1)[:, :-1]], axis=1)
+    rdispl = [0]
+    for c in rcounts[:-1]:
+        rdispl.append(rdispl[-1] + c)
+    k = seg.slot_bytes // dt.itemsize
+    total = src.size
+
+    def write(c: int, s: int) -> None:
+        lo = c * k
+        e = min(k, total - lo)
+        if e > 0:
+            np.copyto(seg.slot(s, me, dt, e), src[lo : lo + e])
+
+    def read(c: int, s: int) -> None:
+        lo, hi = c * k, (c + 1) * k
+        for r in range(n):
+            a, b = int(starts[r, me]), int(starts[r, me] + matrix[r, me])
+            a, b = max(a, lo), min(b, hi)
+            if b > a:
+                off = rdispl[r] + a - int(starts[r, me])
+                np.copyto(dst[off : off + b - a], seg.slot(s, r, dt, b - a, a - lo))
+
+    _two_stage(seg, -(-int(totals.max()) // k), write, read)
+    return True

@@ -5,12 +5,14 @@
 collectives first ask the selection table (:mod:`.table`) whether the
 shared-memory path wins for this operation, group size and array size; if
 not, the MPI engine's method runs, unchanged. Point-to-point, gather,
-scatter and all-to-all are always MPI.
+scatter and the list form of all_to_all are always MPI.
 
 The segment is set up by the first call that takes the shared-memory path
-(collective over the group, as that call is): :func:`.node.node_comm` must
-hold every rank of the group, else the group spans nodes and every later
-call takes MPI. Shared-memory calls complete before they return; with
+(collective over the group, as that call is, and bounded by the group's
+timeout), when every rank of the group is on this node
+(:func:`.node.one_node`, known without a message); a group spanning nodes
+takes MPI. The segment is a POSIX shared-memory file, so launcher-free
+worlds (``env://``, ``tcp://``) get it too. Shared-memory calls complete before they return; with
 ``async_op=True`` they return a completed Work. A peer that does not arrive
 within the group's timeout gives :class:`~hpcdist.errors.DistTimeoutError`
 (catchable; unhandled, it ends the job through the abort hook), and the
@@ -22,28 +24,39 @@ from __future__ import annotations
 from typing import Any
 
 from ... import config
-from ..._world import WORLD
 from ...buffers.adapters import Buf
 from ...buffers.dtypes import HALF_DTYPES
 from ...ops import ResolvedOp
-from ...work import Work, completed_work, timeout_error, wait_requests
+from ...work import Work, completed_work
 from ..mpi import MPIEngine
 from . import algorithms as alg
 from . import table
-from .node import node_comm
+from .node import one_node
 from .segment import Segment
 
-__all__ = ["ShmEngine", "host_engine"]
+__all__ = ["ShmEngine", "host_engine", "shm_eligible", "shm_serves"]
 
 
 def host_engine(pg: Any, device_type: str = "cpu") -> MPIEngine:
-    """The engine of ``pg`` for host arrays: :class:`ShmEngine`, or the plain MPI engine (``HPCDIST_SHM=0``, 1 rank,
-    or a world joined over MPI ports, where MPI refuses shared windows: "processes are not in the same shared
-    memory domain")."""
+    """The engine of ``pg`` for host arrays: :class:`ShmEngine`, or the plain MPI engine (``HPCDIST_SHM=0``, 1 rank)."""
     mode = config.shm_mode()
-    if mode == "off" or pg._size < 2 or WORLD.launcher is None:
+    if not shm_eligible(pg, mode):
         return MPIEngine(pg, device_type)
     return ShmEngine(pg, device_type, mode)
+
+
+def shm_eligible(pg: Any, mode: str | None = None) -> bool:
+    """Whether ``pg`` gets the shared-memory engine for host arrays: not turned off and two or more ranks.
+
+    (Whether its ranks share a node is found on its first shared-memory call;
+    a group spanning nodes then takes MPI for good.)
+    """
+    return (mode or config.shm_mode()) != "off" and pg._size >= 2
+
+
+def shm_serves(engine: Any, op: str, nbytes: int) -> bool:
+    """Whether ``engine`` runs ``op`` on ``nbytes`` through shared memory (for selectors and ``hpcdist info``)."""
+    return isinstance(engine, ShmEngine) and engine.path(op, nbytes) == "shm"
 
 
 class ShmEngine(MPIEngine):
@@ -69,6 +82,10 @@ class ShmEngine(MPIEngine):
         lo, hi = self.windows[op]
         if not lo <= nbytes < hi:
             return None
+        return self._segment(op)
+
+    def _segment(self, op: str) -> Segment | None:
+        """The group's segment (set up by the first call: collective), or None when the group spans nodes."""
         seg = self._seg
         if seg is None:
             seg = self._seg = self._setup(op)
@@ -80,25 +97,17 @@ class ShmEngine(MPIEngine):
         return seg
 
     def _setup(self, op: str) -> Segment | bool:
-        """Collective over the group: the segment, or False when the group is not on one node."""
+        """Collective over the group (bounded): the segment, or False when the group is not on one node."""
         pg = self.pg
-        if not wait_requests([pg._comm.Ibarrier()], pg._timeout_s):
-            raise timeout_error((op, pg), pg._timeout_s)
-        node = node_comm(pg._comm)
-        if node.Get_size() != pg._size:
-            node.Free()
+        if not one_node(pg):
             return False
-        return Segment(node, self.slot_bytes, pg._timeout_s, (op, pg))
+        return Segment(pg._comm, self.slot_bytes, pg._timeout_s, (op, pg))
 
     def close(self) -> None:
-        """Free the segment and its node communicator (collective, at group destruction)."""
+        """Unmap the segment (local: no message, at group destruction)."""
         seg, self._seg = self._seg, False
         if isinstance(seg, Segment):
-            comm = seg.comm
-            broken = seg.broken
             seg.free()
-            if not broken:
-                comm.Free()
 
     def _done(self, sync: bool, op: str, result: Any, *written: Buf) -> Work | None:
         for b in written:
@@ -141,7 +150,7 @@ class ShmEngine(MPIEngine):
         flat = buf.arr.reshape(-1)
         half = buf.dtype if buf.dtype in HALF_DTYPES else None
         mine = seg.rank == root
-        alg.all_reduce(seg, flat, flat if mine else None, rop.mpi_name, half, rop.premul, rop.average)
+        alg.reduce(seg, flat, flat if mine else None, rop.mpi_name, half, rop.premul, rop.average)
         return self._done(sync, "reduce", buf.obj, *([buf] if mine else []))
 
     def all_gather(self, outs: list[Buf], inp: Buf, sync: bool = False) -> Work | None:
@@ -180,3 +189,13 @@ class ShmEngine(MPIEngine):
         srcs = list(inp.arr.reshape(seg.size, inp.arr.size // seg.size))
         alg.reduce_scatter(seg, srcs, out.arr.reshape(-1), rop.mpi_name, half, rop.premul, rop.average)
         return self._done(sync, "reduce_scatter_tensor", out.obj, out)
+
+    def all_to_all_single(
+        self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int], sync: bool = False
+    ) -> Work | None:
+        window = self.windows["all_to_all_single"]
+        # the sizes may differ per rank: alg.all_to_all shares the counts first, then every rank decides alike
+        seg = self._segment("all_to_all_single") if window[0] < window[1] else None
+        if seg is None or not alg.all_to_all(seg, inp.arr.reshape(-1), scounts, out.arr.reshape(-1), rcounts, window):
+            return super().all_to_all_single(out, inp, rcounts, scounts, sync)
+        return self._done(sync, "all_to_all_single", out.obj, out)

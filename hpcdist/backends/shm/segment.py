@@ -1,7 +1,18 @@
-"""One shared-memory segment of a node communicator, and its counter barrier.
+"""One shared-memory segment of a node's ranks, and its counter barrier.
 
-Layout (one MPI-3 shared window, allocated by the node communicator's rank
-0, mapped by every rank)::
+**Memory.** A POSIX shared-memory file (``/dev/shm/hpcdist-<pid>-<random>``)
+that the communicator's rank 0 creates and sizes, whose name it hands to the
+others (a polled ``MPI_Ibcast``), which every rank maps, and which rank 0
+unlinks as soon as every rank has mapped it (a polled barrier): nothing is
+left in ``/dev/shm`` even when a process is killed later, and the mapping
+lives until every rank unmaps it. Unlike an MPI-3 shared window this works in
+every world, launcher-free ones included (MPICH refuses shared windows to
+processes joined through ports), and freeing it is local (``MPI_Win_free`` is
+a collective that waits for a stuck peer). Every step of the setup is bounded
+by the timeout: a peer that never comes gives
+:class:`~hpcdist.errors.DistTimeoutError`, not a hang.
+
+Layout::
 
     [ control: one 64-byte line per rank, holding that rank's step counter ]
     [ set 0: slot 0 | slot 1 | ... | slot n-1 ]   each slot ``slot_bytes``
@@ -13,15 +24,18 @@ line. :meth:`Segment.sync` is a barrier: the rank raises its counter to its
 next step and waits until every other counter reached that step. All ranks
 run the same sequence of syncs (the algorithms are deterministic functions of
 the sizes, which agree on every rank), so equal step numbers mean the same
-point of the program. Memory order: ``MPI_Win_sync`` (a full memory barrier
-in MPICH and Open MPI) runs before the counter store (release: the data
-written before it is visible first) and after the wait (acquire). The counter
-itself is one aligned 8-byte store and load (``memoryview`` of format ``q``),
-which x86-64 and AArch64 perform atomically, so a reader never sees a torn
-value. Waits spin briefly, then yield the CPU (oversubscribed nodes), then
-sleep 1 ms, and raise :class:`~hpcdist.errors.DistTimeoutError` after the
-group's timeout; after that the segment is *broken* (its counters are out of
-step) and every later use raises at once.
+point of the program. The counter is one aligned 8-byte store and load
+(``memoryview`` of format ``q``), which x86-64 and AArch64 perform
+atomically. Memory order: on x86-64 (total store order) stores become
+visible in program order and loads are not reordered with older loads, so
+"write the data, then the counter" and "see the counter, then read the data"
+need no fence (every NumPy call is an opaque function call, so nothing is
+reordered at compile time either). Elsewhere ``MPI_Win_sync`` on a small
+window of this process (a full memory barrier in MPICH and Open MPI) runs
+before the counter store and after the wait. Waits spin briefly, then yield
+the CPU (``sched_yield``: oversubscribed nodes), then sleep 1 ms, and raise
+DistTimeoutError after the group's timeout; after that the segment is
+*broken* (its counters are out of step) and every later use raises at once.
 
 **Sets rotate by step.** The set an algorithm first writes in the interval
 after sync step ``t`` is set ``t % 3``; an algorithm may touch it during that
@@ -33,14 +47,18 @@ across consecutive operations, with no extra sync.
 
 from __future__ import annotations
 
+import mmap
 import os
+import platform
+import secrets
 import time
 from typing import Any
 
 import numpy as np
 
-from ...errors import DistTimeoutError
-from ...work import timeout_error, wait_requests
+from ..._timed import timed_allgather_json, timed_bcast_json
+from ...errors import DistError, DistTimeoutError
+from ...work import timeout_error
 
 __all__ = ["NSETS", "Segment"]
 
@@ -49,18 +67,56 @@ _LINE = 64  # bytes per rank counter: one cache line each (no false sharing)
 _SPIN = 64  # polls before yielding the CPU
 _YIELD_S = 10.0  # then yield this long, then sleep 1 ms per poll
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+_SHM_DIR = "/dev/shm"
+_TSO = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+_HINT = (
+    "every rank of the group must make the same collective calls in the same order; a rank that never comes, "
+    "crashed or is stuck leaves the others waiting (raise timeout= if it is just slow; HPCDIST_SHM=0 turns "
+    "shared memory off)"
+)
+
+
+def _fence_window() -> Any:
+    """None on x86-64 (TSO, see the module docstring), else a window of this process whose ``Sync`` is a fence."""
+    if _TSO:
+        return None
+    from mpi4py import MPI
+
+    win = MPI.Win.Allocate(8, 1, comm=MPI.COMM_SELF)
+    win.Lock_all(MPI.MODE_NOCHECK)
+    return win
+
+
+def _nothing() -> None:
+    return None
+
+
+def _create(total: int) -> tuple[str, int]:
+    """Rank 0: a new shared-memory file of ``total`` bytes (zeroed); its path and descriptor."""
+    for _ in range(8):
+        path = f"{_SHM_DIR}/hpcdist-{os.getpid()}-{secrets.token_hex(6)}"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # pragma: no cover - 48 random bits collided
+            continue
+        try:
+            os.ftruncate(fd, total)
+        except OSError:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        return path, fd
+    raise OSError(f"no free name for a shared-memory file in {_SHM_DIR}")  # pragma: no cover
 
 
 class Segment:
     """A shared segment of ``3 x size`` slots of ``slot_bytes`` over the node communicator ``comm``.
 
-    Collective over ``comm`` (every rank constructs it, then frees it with
-    :meth:`free`). ``what``: the (operation, group) named by timeout errors.
+    Collective over ``comm`` (every rank constructs it; :meth:`free` is local).
+    ``what``: the (operation, group) named by timeout errors.
     """
 
     def __init__(self, comm: Any, slot_bytes: int, timeout_s: float, what: Any) -> None:
-        from mpi4py import MPI
-
         self.comm = comm
         self.size = n = comm.Get_size()
         self.rank = comm.Get_rank()
@@ -71,21 +127,14 @@ class Segment:
         ctrl = -(-_LINE * n // 4096) * 4096  # the data starts page-aligned
         self.set_bytes = n * self.slot_bytes
         total = ctrl + NSETS * self.set_bytes
-        if not wait_requests([comm.Ibarrier()], timeout_s):  # a missing peer: timeout, not a hang in Allocate
-            raise timeout_error(what, timeout_s)
-        self.win: Any = MPI.Win.Allocate_shared(total if self.rank == 0 else 0, 1, comm=comm)
-        mem: Any = self.win.Shared_query(0)[0]
-        self.mem = np.frombuffer(mem, dtype=np.uint8, count=total)
-        self._ctrl = memoryview(mem)[:ctrl].cast("q")
+        self._map: mmap.mmap | None = _map_shared(comm, total, timeout_s, _desc(what))
+        self.mem = np.frombuffer(self._map, dtype=np.uint8, count=total)
+        self._ctrl = memoryview(self._map)[:ctrl].cast("q")
         self.data = self.mem[ctrl:]
         self._mine = self.rank * (_LINE // 8)
         self._others = [r * (_LINE // 8) for r in range(n) if r != self.rank]
-        self.win.Lock_all(MPI.MODE_NOCHECK)
-        if self.rank == 0:
-            self.mem[:ctrl] = 0
-        self.win.Sync()
-        comm.Barrier()
-        self.win.Sync()  # acquire: every rank sees the zeroed counters
+        self._fence_win = _fence_window()
+        self._fence = self._fence_win.Sync if self._fence_win is not None else _nothing
         self.step = 0
 
     # -- layout ------------------------------------------------------------
@@ -94,10 +143,10 @@ class Segment:
         """The set first written in the interval after sync ``step``."""
         return step % NSETS
 
-    def slot(self, set_: int, rank: int, dtype: Any, count: int) -> np.ndarray:
-        """``count`` items of ``dtype`` at the start of ``rank``'s slot in ``set_``."""
-        off = set_ * self.set_bytes + rank * self.slot_bytes
+    def slot(self, set_: int, rank: int, dtype: Any, count: int, start: int = 0) -> np.ndarray:
+        """``count`` items of ``dtype`` from item ``start`` of ``rank``'s slot in ``set_``."""
         dt = np.dtype(dtype)
+        off = set_ * self.set_bytes + rank * self.slot_bytes + start * dt.itemsize
         return self.data[off : off + count * dt.itemsize].view(dt)
 
     def whole(self, set_: int, dtype: Any, count: int) -> np.ndarray:
@@ -115,8 +164,8 @@ class Segment:
                 f"{_desc(self.what)}: this group's shared-memory segment is out of step since an earlier timeout; "
                 "create a new group (or set HPCDIST_SHM=0)"
             )
-        win = self.win
-        win.Sync()  # release: the data this rank wrote is visible before its counter
+        fence = self._fence
+        fence()  # release: the data this rank wrote is visible before its counter
         step = self.step + 1
         self.step = step
         ctrl = self._ctrl
@@ -124,7 +173,7 @@ class Segment:
         for pos in self._others:
             if ctrl[pos] < step:
                 self._wait(pos, step)
-        win.Sync()  # acquire: read the peers' data only after seeing their counters
+        fence()  # acquire: read the peers' data only after seeing their counters
 
     def _wait(self, pos: int, step: int) -> None:
         ctrl = self._ctrl
@@ -147,19 +196,57 @@ class Segment:
                 time.sleep(0.001)
 
     def free(self) -> None:
-        """Release the window (collective over the node communicator, unless broken: then only unmapped)."""
-        win, self.win = self.win, None
-        if win is None:
+        """Unmap the segment (local: no message; the memory goes when the last rank unmaps it)."""
+        m, self._map = self._map, None
+        if m is None:
             return
         self._ctrl.release()
         self.mem = self.data = np.empty(0, np.uint8)
-        if self.broken:  # a peer is out of step: MPI_Win_free would wait for it forever
-            return
-        try:
+        win, self._fence_win = self._fence_win, None
+        if win is not None:
             win.Unlock_all()
             win.Free()
-        except Exception:  # pragma: no cover - teardown must not raise
+        try:
+            m.close()
+        except BufferError:  # a caller still holds a view: the mapping goes with the last one
             pass
+
+
+def _map_shared(comm: Any, total: int, timeout_s: float, what: str) -> mmap.mmap:
+    """Collective over ``comm``: one ``total``-byte shared file mapped by every rank, unlinked once all have it."""
+    me = comm.Get_rank()
+    path, fd, err = "", -1, ""
+    if me == 0:
+        try:
+            path, fd = _create(total)
+        except OSError as e:
+            err = f"cannot create a {total}-byte shared-memory file in {_SHM_DIR}: {e}"
+    try:
+        path, err = timed_bcast_json(comm, [path, err], 0, timeout_s, f"{what} (shared-memory setup)", _HINT)
+        m: mmap.mmap | None = None
+        if not err:
+            try:
+                if fd < 0:
+                    fd = os.open(path, os.O_RDWR)
+                m = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            except OSError as e:
+                err = f"rank {me} cannot map the shared-memory file {path}: {e}"
+        errs = timed_allgather_json(comm, err, timeout_s, f"{what} (shared-memory setup)", _HINT)
+        bad = [e for e in errs if e]
+        if bad:
+            if m is not None:
+                m.close()
+            raise DistError(f"{what}: {bad[0]}; set HPCDIST_SHM=0 to use MPI instead, or make room in {_SHM_DIR}")
+        assert m is not None
+        return m
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if me == 0 and path:
+            try:
+                os.unlink(path)  # every rank has mapped it (or given up): the name is no longer needed
+            except OSError:
+                pass
 
 
 def _desc(what: Any) -> str:
