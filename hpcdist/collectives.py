@@ -545,10 +545,9 @@ def barrier(
         raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
     if DETAIL[0]:
         check_collective(pg, "barrier()")
-    bmap = pg._backend_map  # an NCCL-only group has no cpu engine: its engine's barrier runs over MPI
     fr = pg._flight
     entry = None if fr is None else fr.coll("barrier", None, 0, -1)
-    work = pg.engine("cpu" if "cpu" in bmap else next(iter(bmap))).barrier(sync=not async_op and timeout is None)
+    work = pg.barrier_engine().barrier(sync=not async_op and timeout is None)
     if async_op:
         if entry is not None and work is not None:
             attach(entry, work)

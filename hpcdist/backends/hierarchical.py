@@ -56,7 +56,7 @@ from ..buffers.reduction import finish_reduce, prepare
 from ..ops import ResolvedOp
 from ..topology import node_of_ranks
 from ..work import Work, timeout_error, wait_requests
-from .mpi import MPIEngine, _displs, _mpi_op
+from .mpi.engine import MPIEngine, _displs, _mpi_op
 
 __all__ = ["HierarchicalEngine", "NodeTopology", "spans_nodes"]
 

@@ -17,15 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from .._watchdog import WATCHDOG
-from ..buffers.adapters import Buf
-from ..buffers.dtypes import HALF_DTYPES, mpi_datatype
-from ..buffers.packing import pack as _pack
-from ..buffers.packing import unpack as _unpack
-from ..buffers.reduction import finish_reduce, premultiply, prepare, widen
-from ..ops import ResolvedOp
-from ..work import ProbedRecv, Work, timeout_error, wait_requests
-from . import register_builtin
+from ..._watchdog import WATCHDOG
+from ...buffers.adapters import Buf
+from ...buffers.dtypes import HALF_DTYPES, mpi_datatype
+from ...buffers.packing import pack as _pack
+from ...buffers.packing import unpack as _unpack
+from ...buffers.reduction import finish_reduce, premultiply, prepare, widen
+from ...ops import ResolvedOp
+from ...work import ProbedRecv, Work, timeout_error, wait_requests
+from ..engine import Engine
 
 __all__ = ["MPIEngine"]
 
@@ -60,7 +60,7 @@ def _reduce_type(arr: np.ndarray) -> Any:
     return mpi_datatype(arr.dtype)
 
 
-class MPIEngine:
+class MPIEngine(Engine):
     """Runs the operations of one process group over its MPI communicator.
 
     Every operation method takes ``sync``: True when the caller will wait
@@ -340,18 +340,3 @@ def _displs(counts: list[int]) -> list[int]:
         out.append(pos)
         pos += n
     return out
-
-
-def _factory(pg: Any, device_type: str) -> Any:
-    if device_type == "cuda":  # CUDA-aware or staged: hpcdist.backends.mpi_cuda decides
-        from .mpi_cuda import cuda_engine
-
-        return cuda_engine(pg, device_type)
-    from .hierarchical import hierarchical_or_none
-    from .shm import host_engine  # shared memory on a node where it wins (HPCDIST_SHM), else this MPIEngine
-
-    return hierarchical_or_none(pg, device_type) or host_engine(pg, device_type)
-
-
-register_builtin("mpi", _factory, ("cpu", "cuda"))
-register_builtin("gloo", _factory, ("cpu", "cuda"))

@@ -229,7 +229,7 @@ class NcclWatchdog:
                     guard.arm(oldest[0] + self.guard_grace_s, _timeout_report(oldest[1], oldest[2], how))
 
     def _fire(self, report: str) -> None:
-        from .._watchdog import abort_job
+        from ..._watchdog import abort_job
 
         with self._lock:
             engines = list(self._engines.values())

@@ -14,9 +14,9 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from ..errors import DistTimeoutError
-from ..work import Work, _as_list
-from .streams import require_cupy
+from ...errors import DistTimeoutError
+from ...gpu.streams import require_cupy
+from ...work import Work, _as_list
 
 __all__ = ["CudaEventWork"]
 
