@@ -255,25 +255,8 @@ def _complex_as_real(bufs: list[Buf], op: Any) -> list[Buf]:
 
 
 def combine(works: list[Any], name: str, pg: ProcessGroup) -> Work:
-    """One Work over several: completes when all did, finishing each in order.
-
-    NCCL parts enqueued on one stream: the last part's CUDA event covers them
-    all, so the Work is that event's (torch's stream semantics for the whole).
-    """
-    if works and all(hasattr(w, "joined") for w in works) and len({w._torch for w in works}) == 1:
-        return works[-1].joined(works, (name, pg))
-    reqs = [r for w in works for r in w._reqs]
-    for w in works:
-        w._reqs = ()
-
-    def post() -> list[Any]:
-        out = []
-        for w in works:
-            w._finish()
-            out.append(w._result)
-        return out
-
-    return Work(reqs, post, works, pg._timeout_s, (name, pg))
+    """One Work over several of ``pg``'s (:meth:`Work.combine`): completes when all did, finishing each in order."""
+    return Work.combine(works, (name, pg), pg._timeout_s)
 
 
 # ------------------------------------------------------------------ gathers

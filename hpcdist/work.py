@@ -233,6 +233,83 @@ class Work:
         self._finish()
         return True
 
+    # -- composition (for engines and collectives; the fields above stay private) --------
+
+    def chain(self, step: Callable[[], Any] | None = None, *, within: Any = None, name: Any = None) -> Work:
+        """A Work that takes this one over and runs ``step()`` after it finished.
+
+        The new Work owns this one's requests: wait on it, not on this one.
+        It completes when they did, after this Work's own finishing step (run
+        inside the context manager ``within`` when given, e.g. the array's
+        CUDA stream) and then ``step()``. It keeps this Work's result (or
+        ``step``'s return value when that is not None), its sender for
+        :meth:`source_rank` and its cancel-on-timeout.
+
+        Args:
+            step: what to run once this Work finished (copies back, stream
+                synchronization, returning staging blocks); None: nothing.
+            within: a context manager entered around this Work's finishing step.
+            name: the new Work's name in errors; default this one's.
+
+        Returns:
+            The new Work.
+        """
+        reqs, self._reqs = self._reqs, ()
+        inner = self
+
+        def post() -> Any:
+            if within is None:
+                inner._finish()
+            else:
+                with within:
+                    inner._finish()
+            if inner._source >= 0:
+                outer._source = inner._source
+            return None if step is None else step()
+
+        outer = Work(
+            reqs, post, inner, self._timeout_s, self._name if name is None else name, self._result, self._on_timeout
+        )
+        outer._status = self._status
+        return outer
+
+    @classmethod
+    def combine(cls, works: Sequence[Work], name: Any, timeout_s: float) -> Work:
+        """One Work over several started operations: it completes when all did, finishing each in order.
+
+        Its result is the list of the parts' results. Works of one kind that
+        know a cheaper way (NCCL's: the last part's CUDA event covers all
+        parts on one stream) combine their own way.
+
+        Args:
+            works: the parts (wait on the combined Work, not on them).
+            name: the combined Work's name in errors, e.g. ``(opname, group)``.
+            timeout_s: its default timeout for :meth:`wait`.
+
+        Returns:
+            The combined Work.
+        """
+        kind = type(works[-1]) if works else Work
+        if kind.combine.__func__ is not Work.combine.__func__:  # type: ignore[attr-defined]
+            return kind.combine(works, name, timeout_s)  # it falls back on _merged where it cannot do better
+        return Work._merged(works, name, timeout_s)
+
+    @staticmethod
+    def _merged(works: Sequence[Work], name: Any, timeout_s: float) -> Work:
+        """:meth:`combine` for any Works: their requests, tested together; their finishing steps, in order."""
+        reqs = [r for w in works for r in w._reqs]
+        for w in works:
+            w._reqs = ()
+
+        def post() -> list[Any]:
+            out = []
+            for w in works:
+                w._finish()
+                out.append(w._result)
+            return out
+
+        return Work(reqs, post, list(works), timeout_s, name)
+
     def synchronize(self) -> None:
         """Same as :meth:`wait` for host work."""
         self.wait()

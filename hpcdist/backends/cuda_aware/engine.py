@@ -62,19 +62,8 @@ class CudaAwareEngine(Engine):
         return Work(reqs, finish, keep, self.pg._timeout_s, (name, self.pg), result)
 
     def _wrap(self, inner: Any, streams: list[Any], name: str) -> Work:
-        """A host-engine Work on device buffers, whose completion also syncs the streams."""
-        reqs, inner._reqs = inner._reqs, ()
-
-        def post() -> None:
-            with streams[0]:
-                inner._finish()
-            synchronize(streams)
-            if inner._source >= 0:
-                outer._source = inner._source
-
-        outer = Work(reqs, post, inner, self.pg._timeout_s, (name, self.pg), inner._result, inner._on_timeout)
-        outer._status = inner._status
-        return outer
+        """A host-engine Work on device buffers: its finishing step runs on the array's stream, then the streams sync."""
+        return inner.chain(lambda: synchronize(streams), within=streams[0], name=(name, self.pg))
 
     def _size(self) -> int:
         return int(self.comm.Get_size())

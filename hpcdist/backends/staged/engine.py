@@ -136,21 +136,15 @@ class StagedEngine(Engine):
         except BaseException:
             st.release()
             raise
-        reqs, inner._reqs = inner._reqs, ()
 
-        def post() -> None:
+        def back() -> None:  # after the host operation finished (if it failed, its blocks are dropped, not reused)
             try:
-                inner._finish()
-                if inner._source >= 0:
-                    outer._source = inner._source
                 st.copy(writes, to_host=False)
             finally:
                 st.release()
             _writeback(writes)
 
-        outer = Work(reqs, post, (inner, st), self.pg._timeout_s, (name, self.pg), inner._result, inner._on_timeout)
-        outer._status = inner._status
-        return outer
+        return inner.chain(back, name=(name, self.pg))
 
     def _quarantine(self, st: _Staging) -> None:
         """Keep the blocks of a failed blocking call alive and out of the pool: MPI may still write into them."""
