@@ -487,7 +487,7 @@ def test_event_works_on_one_stream_combine_into_the_last_event():
     from hpcdist.work import Work
 
     first, last = _Event(), _Event()
-    (a, stream), (b, _) = _event_work(first, "a"), _event_work(last, "b")
+    (a, _), (b, _) = _event_work(first, "a"), _event_work(last, "b")
     both = Work.combine([a, b], "all_gather_coalesced", 5.0)
     assert both._event is last and both.result() == ["a", "b"]
     assert not both.is_completed()
