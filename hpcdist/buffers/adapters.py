@@ -23,7 +23,7 @@ import numpy as np
 
 from .dtypes import dtype_info, supported
 
-__all__ = ["TORCH_DEVICE_ADAPTERS", "Buf", "adapt", "adapt_list", "register_adapter"]
+__all__ = ["TORCH_DEVICE_ADAPTERS", "Buf", "adapt", "adapt_list", "is_torch", "register_adapter"]
 
 
 class Buf:
@@ -170,7 +170,8 @@ def _is_numpy(obj: Any) -> bool:
 # ---------------------------------------------------------------- torch (CPU)
 
 
-def _is_torch(obj: Any) -> bool:
+def is_torch(obj: Any) -> bool:
+    """Whether ``obj`` is a torch tensor (without importing torch)."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(obj, torch.Tensor)
 
@@ -267,7 +268,7 @@ def _dlpack(obj: Any, argname: str, write: bool) -> Buf:
 
 
 register_adapter("numpy", _is_numpy, _numpy)
-register_adapter("torch", _is_torch, _torch)
+register_adapter("torch", is_torch, _torch)
 register_adapter("dlpack-host", _has_dlpack, _dlpack)
 register_adapter("array-interface", _has_array_interface, _array_interface)
 register_adapter("buffer", _has_buffer, _buffer)

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from ...buffers.adapters import Buf
 from ...buffers.dtypes import HALF_DTYPES, mpi_datatype
+from ...buffers.packing import displacements
 from ...gpu import xp
 from ...gpu.streams import check_devices, streams_of, synchronize
 from ...ops import ResolvedOp
@@ -32,7 +31,7 @@ __all__ = ["CudaAwareEngine"]
 
 
 def _counts_displs(counts: list[int]) -> tuple[list[int], list[int]]:
-    return counts, np.cumsum([0, *counts[:-1]]).tolist()
+    return counts, displacements(counts)
 
 
 class CudaAwareEngine(Engine):

@@ -20,6 +20,7 @@ import numpy as np
 from ..._watchdog import WATCHDOG
 from ...buffers.adapters import Buf
 from ...buffers.dtypes import HALF_DTYPES, mpi_datatype
+from ...buffers.packing import displacements as _displs
 from ...buffers.packing import pack as _pack
 from ...buffers.packing import unpack as _unpack
 from ...buffers.reduction import finish_reduce, premultiply, prepare, widen
@@ -32,6 +33,7 @@ __all__ = ["MPIEngine"]
 # This module is imported when the first engine is built, after MPI started.
 from mpi4py import MPI
 
+_arm, _disarm = WATCHDOG.arm, WATCHDOG.disarm
 _IN_PLACE = MPI.IN_PLACE
 _ANY_SOURCE = MPI.ANY_SOURCE
 _OPS: dict[str, Any] = {}
@@ -78,60 +80,101 @@ class MPIEngine(Engine):
     # -- the one template --------------------------------------------------
 
     def _run(
-        self, sync: bool, nb: Any, blk: Any, args: tuple, post: Any, keep: Any, name: str, result: Any = None
+        self,
+        *,
+        sync: bool,
+        start: Any,
+        block: Any,
+        args: tuple,
+        name: str,
+        post: Any = None,
+        keep: Any = None,
+        result: Any = None,
     ) -> Work | None:
-        """Start ``nb(*args)`` and wrap it in a Work; or, sync in block mode, run ``blk(*args)``."""
+        """Run one MPI operation: ``start(*args)`` (non-blocking) or, sync in block mode, ``block(*args)``.
+
+        Args:
+            sync: the caller waits right away (``async_op=False``).
+            start: the non-blocking MPI routine (``comm.Iallreduce``); returns a request.
+            block: the blocking MPI routine (``comm.Allreduce``), called under the watchdog.
+            args: the routine's arguments (the same for both).
+            name: the operation's name in errors and in the watchdog.
+            post: what to run once the operation completed (copies back, AVG scaling); None: nothing.
+            keep: what must live until then (the buffers MPI reads or writes).
+            result: the output arrays, :meth:`Work.result`.
+
+        Returns:
+            None when ``sync`` (the operation completed), else the Work that completes it.
+        """
         pg = self.pg
         if not sync:
-            return Work([nb(*args)], post, keep, pg._timeout_s, (name, pg), result)
-        lock = pg._call_lock
-        if not lock.acquire(False):
-            raise pg.busy_error(name)
-        try:
-            if self.block:
-                WATCHDOG.arm(pg._timeout_s, (name, pg))
-                try:
-                    blk(*args)
-                finally:
-                    WATCHDOG.disarm()
-            else:  # poll inline: no Work object on the blocking path
-                req = nb(*args)
+            return Work([start(*args)], post, keep, pg._timeout_s, (name, pg), result)
+        if self.block:
+            self._blocking(name, block, args)
+        else:  # poll inline: no Work object on the blocking path
+            lock = pg._call_lock
+            if not lock.acquire(False):
+                raise pg.busy_error(name)
+            try:
+                req = start(*args)
                 if not req.Test() and not wait_requests([req], pg._timeout_s):
                     raise timeout_error((name, pg), pg._timeout_s)
-        finally:
-            lock.release()
+            finally:
+                lock.release()
         if post is not None:
             post()
         return None
 
+    def _blocking(self, name: str, block: Any, args: tuple) -> None:
+        """``block(*args)`` under the group's call lock and the watchdog (``HPCDIST_WAIT=block``)."""
+        pg = self.pg
+        lock = pg._call_lock
+        if not lock.acquire(False):
+            raise pg.busy_error(name)
+        _arm(pg._timeout_s, (name, pg))
+        try:
+            block(*args)
+        finally:
+            _disarm()
+            lock.release()
+
     # -- collectives ---------------------------------------------------------
 
     def barrier(self, sync: bool = False) -> Work | None:
-        return self._run(sync, self.comm.Ibarrier, self.comm.Barrier, (), None, None, "barrier")
+        c = self.comm
+        return self._run(sync=sync, start=c.Ibarrier, block=c.Barrier, args=(), name="barrier")
 
     def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work | None:
         post = buf.writeback if self.comm.Get_rank() != root else None
         c = self.comm
-        return self._run(sync, c.Ibcast, c.Bcast, (_msg(buf.arr), root), post, buf, "broadcast", buf.obj)
+        return self._run(
+            sync=sync,
+            start=c.Ibcast,
+            block=c.Bcast,
+            args=(_msg(buf.arr), root),
+            name="broadcast",
+            post=post,
+            keep=buf,
+            result=buf.obj,
+        )
 
     def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
         c = self.comm
         if rop.plain and buf.writeback is None and buf.dtype not in HALF_DTYPES:
             arr = buf.arr
             args = (_IN_PLACE, [arr, mpi_datatype(arr.dtype)], _OPS.get(rop.mpi_name) or _mpi_op(rop.mpi_name))
-            if sync and self.block:  # the hot path, inlined
-                pg = self.pg
-                lock = pg._call_lock
-                if not lock.acquire(False):
-                    raise pg.busy_error("all_reduce")
-                WATCHDOG.arm(pg._timeout_s, ("all_reduce", pg))
-                try:
-                    c.Allreduce(*args)
-                finally:
-                    WATCHDOG.disarm()
-                    lock.release()
+            if sync and self.block:  # the hot path: no post-step, nothing to keep
+                self._blocking("all_reduce", c.Allreduce, args)
                 return None
-            return self._run(sync, c.Iallreduce, c.Allreduce, args, None, buf, "all_reduce", buf.obj)
+            return self._run(
+                sync=sync,
+                start=c.Iallreduce,
+                block=c.Allreduce,
+                args=args,
+                name="all_reduce",
+                keep=buf,
+                result=buf.obj,
+            )
         work = prepare(buf, rop, copy=False)
         size = c.Get_size()
 
@@ -139,7 +182,16 @@ class MPIEngine(Engine):
             finish_reduce(buf, work, rop, size)
 
         args = (_IN_PLACE, [work, _reduce_type(work)], _mpi_op(rop.mpi_name))
-        return self._run(sync, c.Iallreduce, c.Allreduce, args, post, (buf, work), "all_reduce", buf.obj)
+        return self._run(
+            sync=sync,
+            start=c.Iallreduce,
+            block=c.Allreduce,
+            args=args,
+            name="all_reduce",
+            post=post,
+            keep=(buf, work),
+            result=buf.obj,
+        )
 
     def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work | None:
         c = self.comm
@@ -152,9 +204,20 @@ class MPIEngine(Engine):
                 finish_reduce(buf, work, rop, size)
 
             args: tuple = (_IN_PLACE, [work, _reduce_type(work)], op, root)
-            return self._run(sync, c.Ireduce, c.Reduce, args, post, (buf, work), "reduce", buf.obj)
+            return self._run(
+                sync=sync,
+                start=c.Ireduce,
+                block=c.Reduce,
+                args=args,
+                post=post,
+                keep=(buf, work),
+                name="reduce",
+                result=buf.obj,
+            )
         args = ([work, _reduce_type(work)], None, op, root)
-        return self._run(sync, c.Ireduce, c.Reduce, args, None, (buf, work), "reduce", buf.obj)
+        return self._run(
+            sync=sync, start=c.Ireduce, block=c.Reduce, args=args, keep=(buf, work), name="reduce", result=buf.obj
+        )
 
     def all_gather(self, outs: list[Buf], inp: Buf, sync: bool = False) -> Work | None:
         """Gather ``inp`` of every rank into ``outs[r]`` (sizes may differ by rank)."""
@@ -170,9 +233,27 @@ class MPIEngine(Engine):
         keep, res = (outs, inp, tmp), [o.obj for o in outs]
         if all(x == counts[0] for x in counts):
             args: tuple = (_msg(inp.arr), [tmp, mt])
-            return self._run(sync, c.Iallgather, c.Allgather, args, post, keep, "all_gather", res)
+            return self._run(
+                sync=sync,
+                start=c.Iallgather,
+                block=c.Allgather,
+                args=args,
+                post=post,
+                keep=keep,
+                name="all_gather",
+                result=res,
+            )
         args = (_msg(inp.arr), [tmp, (counts, _displs(counts)), mt])
-        return self._run(sync, c.Iallgatherv, c.Allgatherv, args, post, keep, "all_gather", res)
+        return self._run(
+            sync=sync,
+            start=c.Iallgatherv,
+            block=c.Allgatherv,
+            args=args,
+            post=post,
+            keep=keep,
+            name="all_gather",
+            result=res,
+        )
 
     def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work | None:
         c = self.comm
@@ -180,13 +261,22 @@ class MPIEngine(Engine):
         send = _IN_PLACE if _is_own_slot(out.arr, inp.arr, c.Get_rank()) else _msg(inp.arr)
         args = (send, _msg(out.arr))
         return self._run(
-            sync, c.Iallgather, c.Allgather, args, out.writeback, (out, inp), "all_gather_into_tensor", out.obj
+            sync=sync,
+            start=c.Iallgather,
+            block=c.Allgather,
+            args=args,
+            post=out.writeback,
+            keep=(out, inp),
+            name="all_gather_into_tensor",
+            result=out.obj,
         )
 
     def gather(self, inp: Buf, outs: list[Buf] | None, root: int, sync: bool = False) -> Work | None:
         c = self.comm
         if outs is None:
-            return self._run(sync, c.Igatherv, c.Gatherv, (_msg(inp.arr), None, root), None, inp, "gather")
+            return self._run(
+                sync=sync, start=c.Igatherv, block=c.Gatherv, args=(_msg(inp.arr), None, root), keep=inp, name="gather"
+            )
         counts = [o.arr.size for o in outs]
         tmp = np.empty(sum(counts), dtype=inp.arr.dtype)
 
@@ -194,7 +284,16 @@ class MPIEngine(Engine):
             _unpack(tmp, outs)
 
         args = (_msg(inp.arr), [tmp, (counts, _displs(counts)), mpi_datatype(inp.arr.dtype)], root)
-        return self._run(sync, c.Igatherv, c.Gatherv, args, post, (inp, outs, tmp), "gather", [o.obj for o in outs])
+        return self._run(
+            sync=sync,
+            start=c.Igatherv,
+            block=c.Gatherv,
+            args=args,
+            post=post,
+            keep=(inp, outs, tmp),
+            name="gather",
+            result=[o.obj for o in outs],
+        )
 
     def scatter(self, out: Buf, ins: list[Buf] | None, root: int, sync: bool = False) -> Work | None:
         c = self.comm
@@ -206,7 +305,16 @@ class MPIEngine(Engine):
             counts = [b.arr.size for b in ins]
             args = ([tmp, (counts, _displs(counts)), mpi_datatype(out.arr.dtype)], _msg(out.arr), root)
             keep = (out, ins, tmp)
-        return self._run(sync, c.Iscatterv, c.Scatterv, args, out.writeback, keep, "scatter", out.obj)
+        return self._run(
+            sync=sync,
+            start=c.Iscatterv,
+            block=c.Scatterv,
+            args=args,
+            post=out.writeback,
+            keep=keep,
+            name="scatter",
+            result=out.obj,
+        )
 
     def reduce_scatter(self, out: Buf, ins: list[Buf], rop: ResolvedOp, sync: bool = False) -> Work | None:
         c = self.comm
@@ -223,7 +331,14 @@ class MPIEngine(Engine):
 
         args = (_msg(send), [recv, mpi_datatype(recv.dtype)], counts, _mpi_op(rop.mpi_name))
         return self._run(
-            sync, c.Ireduce_scatter, c.Reduce_scatter, args, post, (out, ins, send, recv), "reduce_scatter", out.obj
+            sync=sync,
+            start=c.Ireduce_scatter,
+            block=c.Reduce_scatter,
+            args=args,
+            post=post,
+            keep=(out, ins, send, recv),
+            name="reduce_scatter",
+            result=out.obj,
         )
 
     def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
@@ -238,14 +353,14 @@ class MPIEngine(Engine):
 
         args = (_msg(send), [recv, mpi_datatype(recv.dtype)], _mpi_op(rop.mpi_name))
         return self._run(
-            sync,
-            c.Ireduce_scatter_block,
-            c.Reduce_scatter_block,
-            args,
-            post,
-            (out, inp, send, recv),
-            "reduce_scatter_tensor",
-            out.obj,
+            sync=sync,
+            start=c.Ireduce_scatter_block,
+            block=c.Reduce_scatter_block,
+            args=args,
+            post=post,
+            keep=(out, inp, send, recv),
+            name="reduce_scatter_tensor",
+            result=out.obj,
         )
 
     def all_to_all(self, outs: list[Buf], ins: list[Buf], sync: bool = False) -> Work | None:
@@ -262,7 +377,14 @@ class MPIEngine(Engine):
 
         args = ([send, (scounts, _displs(scounts)), mt], [recv, (rcounts, _displs(rcounts)), mt])
         return self._run(
-            sync, c.Ialltoallv, c.Alltoallv, args, post, (outs, ins, send, recv), "all_to_all", [o.obj for o in outs]
+            sync=sync,
+            start=c.Ialltoallv,
+            block=c.Alltoallv,
+            args=args,
+            post=post,
+            keep=(outs, ins, send, recv),
+            name="all_to_all",
+            result=[o.obj for o in outs],
         )
 
     def all_to_all_single(
@@ -271,7 +393,16 @@ class MPIEngine(Engine):
         c = self.comm
         mt = mpi_datatype(inp.arr.dtype)
         args = ([inp.arr, (scounts, _displs(scounts)), mt], [out.arr, (rcounts, _displs(rcounts)), mt])
-        return self._run(sync, c.Ialltoallv, c.Alltoallv, args, out.writeback, (out, inp), "all_to_all_single", out.obj)
+        return self._run(
+            sync=sync,
+            start=c.Ialltoallv,
+            block=c.Alltoallv,
+            args=args,
+            post=out.writeback,
+            keep=(out, inp),
+            name="all_to_all_single",
+            result=out.obj,
+        )
 
     # -- point to point (always non-blocking: receives honour the timeout and can be cancelled) --
 
@@ -332,11 +463,3 @@ class MPIEngine(Engine):
         work = Work([req], post, buf, pg._timeout_s, ("recv", pg), buf.obj, on_timeout)
         work._status = status
         return work
-
-
-def _displs(counts: list[int]) -> list[int]:
-    out, pos = [], 0
-    for n in counts:
-        out.append(pos)
-        pos += n
-    return out

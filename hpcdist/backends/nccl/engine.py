@@ -29,11 +29,11 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from ...buffers.adapters import Buf
+from ...buffers.adapters import Buf, is_torch
 from ...config import nccl_watchdog_enabled
 from ...errors import DistBackendError, DistTimeoutError
 from ...gpu import xp
-from ...gpu.streams import _is_torch, check_devices, require_cupy, stream_for
+from ...gpu.streams import check_devices, require_cupy, stream_for
 from ...ops import ResolvedOp
 from ...work import Work, wait_requests
 from ..engine import Engine
@@ -260,7 +260,7 @@ class NCCLEngine(Engine):
         event = cupy.cuda.Event(block=False, disable_timing=True)
         event.record(stream)
         return CudaEventWork(
-            event, keep, self.pg._timeout_s, (name, self.pg), result, self._device, _is_torch(ref.obj), source
+            event, keep, self.pg._timeout_s, (name, self.pg), result, self._device, is_torch(ref.obj), source
         )
 
     def _plan(self, dtype: str, rop: ResolvedOp) -> NcclReduction:
