@@ -76,28 +76,28 @@ class MPIEngine(Engine):
         self.comm = pg._comm
         self.device_type = device_type
         self.block = bool(getattr(pg, "_block", False))
+        self._routines: dict[str, tuple[Any, Any]] = {}  # "Allreduce" -> (comm.Iallreduce, comm.Allreduce)
 
     # -- the one template --------------------------------------------------
 
     def _run(
         self,
+        routine: str,
+        args: tuple,
         *,
         sync: bool,
-        start: Any,
-        block: Any,
-        args: tuple,
         name: str,
         post: Any = None,
         keep: Any = None,
         result: Any = None,
     ) -> Work | None:
-        """Run one MPI operation: ``start(*args)`` (non-blocking) or, sync in block mode, ``block(*args)``.
+        """Run MPI ``routine`` (e.g. ``"Allreduce"``) on ``args``: non-blocking, or blocking when ``sync``.
 
         Args:
-            sync: the caller waits right away (``async_op=False``).
-            start: the non-blocking MPI routine (``comm.Iallreduce``); returns a request.
-            block: the blocking MPI routine (``comm.Allreduce``), called under the watchdog.
-            args: the routine's arguments (the same for both).
+            routine: the blocking routine's name in mpi4py (``"Allreduce"``); ``"I" + "allreduce"`` starts it.
+            args: the routine's arguments (the same for both forms).
+            sync: the caller waits right away (``async_op=False``): in block mode the blocking
+                routine runs under the watchdog; in poll mode the non-blocking one is polled.
             name: the operation's name in errors and in the watchdog.
             post: what to run once the operation completed (copies back, AVG scaling); None: nothing.
             keep: what must live until then (the buffers MPI reads or writes).
@@ -106,6 +106,7 @@ class MPIEngine(Engine):
         Returns:
             None when ``sync`` (the operation completed), else the Work that completes it.
         """
+        start, block = self._routines.get(routine) or self._resolve(routine)
         pg = self.pg
         if not sync:
             return Work([start(*args)], post, keep, pg._timeout_s, (name, pg), result)
@@ -125,6 +126,12 @@ class MPIEngine(Engine):
             post()
         return None
 
+    def _resolve(self, routine: str) -> tuple[Any, Any]:
+        """The communicator's (non-blocking, blocking) methods for ``routine``, looked up once."""
+        c = self.comm
+        pair = self._routines[routine] = (getattr(c, "I" + routine[0].lower() + routine[1:]), getattr(c, routine))
+        return pair
+
     def _blocking(self, name: str, block: Any, args: tuple) -> None:
         """``block(*args)`` under the group's call lock and the watchdog (``HPCDIST_WAIT=block``)."""
         pg = self.pg
@@ -141,21 +148,12 @@ class MPIEngine(Engine):
     # -- collectives ---------------------------------------------------------
 
     def barrier(self, sync: bool = False) -> Work | None:
-        c = self.comm
-        return self._run(sync=sync, start=c.Ibarrier, block=c.Barrier, args=(), name="barrier")
+        return self._run("Barrier", (), sync=sync, name="barrier")
 
     def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work | None:
         post = buf.writeback if self.comm.Get_rank() != root else None
-        c = self.comm
         return self._run(
-            sync=sync,
-            start=c.Ibcast,
-            block=c.Bcast,
-            args=(_msg(buf.arr), root),
-            name="broadcast",
-            post=post,
-            keep=buf,
-            result=buf.obj,
+            "Bcast", (_msg(buf.arr), root), sync=sync, name="broadcast", post=post, keep=buf, result=buf.obj
         )
 
     def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
@@ -166,15 +164,7 @@ class MPIEngine(Engine):
             if sync and self.block:  # the hot path: no post-step, nothing to keep
                 self._blocking("all_reduce", c.Allreduce, args)
                 return None
-            return self._run(
-                sync=sync,
-                start=c.Iallreduce,
-                block=c.Allreduce,
-                args=args,
-                name="all_reduce",
-                keep=buf,
-                result=buf.obj,
-            )
+            return self._run("Allreduce", args, sync=sync, name="all_reduce", keep=buf, result=buf.obj)
         work = prepare(buf, rop, copy=False)
         size = c.Get_size()
 
@@ -182,16 +172,7 @@ class MPIEngine(Engine):
             finish_reduce(buf, work, rop, size)
 
         args = (_IN_PLACE, [work, _reduce_type(work)], _mpi_op(rop.mpi_name))
-        return self._run(
-            sync=sync,
-            start=c.Iallreduce,
-            block=c.Allreduce,
-            args=args,
-            name="all_reduce",
-            post=post,
-            keep=(buf, work),
-            result=buf.obj,
-        )
+        return self._run("Allreduce", args, sync=sync, name="all_reduce", post=post, keep=(buf, work), result=buf.obj)
 
     def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work | None:
         c = self.comm
@@ -204,24 +185,12 @@ class MPIEngine(Engine):
                 finish_reduce(buf, work, rop, size)
 
             args: tuple = (_IN_PLACE, [work, _reduce_type(work)], op, root)
-            return self._run(
-                sync=sync,
-                start=c.Ireduce,
-                block=c.Reduce,
-                args=args,
-                post=post,
-                keep=(buf, work),
-                name="reduce",
-                result=buf.obj,
-            )
+            return self._run("Reduce", args, sync=sync, post=post, keep=(buf, work), name="reduce", result=buf.obj)
         args = ([work, _reduce_type(work)], None, op, root)
-        return self._run(
-            sync=sync, start=c.Ireduce, block=c.Reduce, args=args, keep=(buf, work), name="reduce", result=buf.obj
-        )
+        return self._run("Reduce", args, sync=sync, keep=(buf, work), name="reduce", result=buf.obj)
 
     def all_gather(self, outs: list[Buf], inp: Buf, sync: bool = False) -> Work | None:
         """Gather ``inp`` of every rank into ``outs[r]`` (sizes may differ by rank)."""
-        c = self.comm
         counts = [o.arr.size for o in outs]
         dtype = inp.arr.dtype
         tmp = np.empty(sum(counts), dtype=dtype)
@@ -233,27 +202,9 @@ class MPIEngine(Engine):
         keep, res = (outs, inp, tmp), [o.obj for o in outs]
         if all(x == counts[0] for x in counts):
             args: tuple = (_msg(inp.arr), [tmp, mt])
-            return self._run(
-                sync=sync,
-                start=c.Iallgather,
-                block=c.Allgather,
-                args=args,
-                post=post,
-                keep=keep,
-                name="all_gather",
-                result=res,
-            )
+            return self._run("Allgather", args, sync=sync, post=post, keep=keep, name="all_gather", result=res)
         args = (_msg(inp.arr), [tmp, (counts, _displs(counts)), mt])
-        return self._run(
-            sync=sync,
-            start=c.Iallgatherv,
-            block=c.Allgatherv,
-            args=args,
-            post=post,
-            keep=keep,
-            name="all_gather",
-            result=res,
-        )
+        return self._run("Allgatherv", args, sync=sync, post=post, keep=keep, name="all_gather", result=res)
 
     def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work | None:
         c = self.comm
@@ -261,10 +212,9 @@ class MPIEngine(Engine):
         send = _IN_PLACE if _is_own_slot(out.arr, inp.arr, c.Get_rank()) else _msg(inp.arr)
         args = (send, _msg(out.arr))
         return self._run(
+            "Allgather",
+            args,
             sync=sync,
-            start=c.Iallgather,
-            block=c.Allgather,
-            args=args,
             post=out.writeback,
             keep=(out, inp),
             name="all_gather_into_tensor",
@@ -272,11 +222,8 @@ class MPIEngine(Engine):
         )
 
     def gather(self, inp: Buf, outs: list[Buf] | None, root: int, sync: bool = False) -> Work | None:
-        c = self.comm
         if outs is None:
-            return self._run(
-                sync=sync, start=c.Igatherv, block=c.Gatherv, args=(_msg(inp.arr), None, root), keep=inp, name="gather"
-            )
+            return self._run("Gatherv", (_msg(inp.arr), None, root), sync=sync, keep=inp, name="gather")
         counts = [o.arr.size for o in outs]
         tmp = np.empty(sum(counts), dtype=inp.arr.dtype)
 
@@ -285,18 +232,10 @@ class MPIEngine(Engine):
 
         args = (_msg(inp.arr), [tmp, (counts, _displs(counts)), mpi_datatype(inp.arr.dtype)], root)
         return self._run(
-            sync=sync,
-            start=c.Igatherv,
-            block=c.Gatherv,
-            args=args,
-            post=post,
-            keep=(inp, outs, tmp),
-            name="gather",
-            result=[o.obj for o in outs],
+            "Gatherv", args, sync=sync, post=post, keep=(inp, outs, tmp), name="gather", result=[o.obj for o in outs]
         )
 
     def scatter(self, out: Buf, ins: list[Buf] | None, root: int, sync: bool = False) -> Work | None:
-        c = self.comm
         if ins is None:
             args: tuple = (None, _msg(out.arr), root)
             keep: Any = out
@@ -305,16 +244,7 @@ class MPIEngine(Engine):
             counts = [b.arr.size for b in ins]
             args = ([tmp, (counts, _displs(counts)), mpi_datatype(out.arr.dtype)], _msg(out.arr), root)
             keep = (out, ins, tmp)
-        return self._run(
-            sync=sync,
-            start=c.Iscatterv,
-            block=c.Scatterv,
-            args=args,
-            post=out.writeback,
-            keep=keep,
-            name="scatter",
-            result=out.obj,
-        )
+        return self._run("Scatterv", args, sync=sync, post=out.writeback, keep=keep, name="scatter", result=out.obj)
 
     def reduce_scatter(self, out: Buf, ins: list[Buf], rop: ResolvedOp, sync: bool = False) -> Work | None:
         c = self.comm
@@ -331,10 +261,9 @@ class MPIEngine(Engine):
 
         args = (_msg(send), [recv, mpi_datatype(recv.dtype)], counts, _mpi_op(rop.mpi_name))
         return self._run(
+            "Reduce_scatter",
+            args,
             sync=sync,
-            start=c.Ireduce_scatter,
-            block=c.Reduce_scatter,
-            args=args,
             post=post,
             keep=(out, ins, send, recv),
             name="reduce_scatter",
@@ -353,10 +282,9 @@ class MPIEngine(Engine):
 
         args = (_msg(send), [recv, mpi_datatype(recv.dtype)], _mpi_op(rop.mpi_name))
         return self._run(
+            "Reduce_scatter_block",
+            args,
             sync=sync,
-            start=c.Ireduce_scatter_block,
-            block=c.Reduce_scatter_block,
-            args=args,
             post=post,
             keep=(out, inp, send, recv),
             name="reduce_scatter_tensor",
@@ -364,7 +292,6 @@ class MPIEngine(Engine):
         )
 
     def all_to_all(self, outs: list[Buf], ins: list[Buf], sync: bool = False) -> Work | None:
-        c = self.comm
         dtype = ins[0].arr.dtype
         mt = mpi_datatype(dtype)
         scounts = [b.arr.size for b in ins]
@@ -377,10 +304,9 @@ class MPIEngine(Engine):
 
         args = ([send, (scounts, _displs(scounts)), mt], [recv, (rcounts, _displs(rcounts)), mt])
         return self._run(
+            "Alltoallv",
+            args,
             sync=sync,
-            start=c.Ialltoallv,
-            block=c.Alltoallv,
-            args=args,
             post=post,
             keep=(outs, ins, send, recv),
             name="all_to_all",
@@ -390,18 +316,10 @@ class MPIEngine(Engine):
     def all_to_all_single(
         self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int], sync: bool = False
     ) -> Work | None:
-        c = self.comm
         mt = mpi_datatype(inp.arr.dtype)
         args = ([inp.arr, (scounts, _displs(scounts)), mt], [out.arr, (rcounts, _displs(rcounts)), mt])
         return self._run(
-            sync=sync,
-            start=c.Ialltoallv,
-            block=c.Alltoallv,
-            args=args,
-            post=out.writeback,
-            keep=(out, inp),
-            name="all_to_all_single",
-            result=out.obj,
+            "Alltoallv", args, sync=sync, post=out.writeback, keep=(out, inp), name="all_to_all_single", result=out.obj
         )
 
     # -- point to point (always non-blocking: receives honour the timeout and can be cancelled) --
