@@ -168,7 +168,7 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
     entry = None if fr is None else fr.coll("all_reduce", buf.dtype, buf.arr.size, -1)
     if DETAIL[0]:
         check_collective(pg, f"all_reduce({buf.dtype}, {rop.kind.name}, shape {tuple(buf.shape)})")
-    work = pg.engine(buf.device).all_reduce(buf, rop, not async_op)
+    work = (pg._engines.get(buf.device) or pg.engine(buf.device)).all_reduce(buf, rop, not async_op)
     if async_op:
         if entry is not None:
             attach(entry, work)

@@ -181,9 +181,9 @@ _TORCH_DTYPE_NAMES: dict[Any, str] = {}
 
 
 def _torch(obj: Any, argname: str, write: bool) -> Buf:
-    import torch
+    torch = sys.modules["torch"]  # imported: obj is a torch tensor
 
-    if obj.device.type != "cpu":
+    if not obj.is_cpu:  # (is_cpu: one attribute; device.type builds a string per call)
         device_adapter = TORCH_DEVICE_ADAPTERS.get(obj.device.type)
         if device_adapter is None:
             raise TypeError(
@@ -191,8 +191,8 @@ def _torch(obj: Any, argname: str, write: bool) -> Buf:
                 "support (the 'gpu' extra: cupy), CUDA tensors; move it to the CPU or install cupy"
             )
         return device_adapter(obj, argname, write)
-    t = obj.detach()
-    if t.is_sparse or t.layout is not torch.strided:
+    t = obj.detach() if obj.requires_grad else obj  # .numpy() refuses only tensors that require grad
+    if t.layout is not torch.strided:  # sparse layouts included
         raise TypeError(f"{argname} is a {t.layout} tensor; only dense (strided) tensors can be communicated")
     if t.is_conj() or t.is_neg():  # lazy views whose memory does not hold their values (torch refuses .numpy())
         kind, bit = ("conjugate", "conj") if t.is_conj() else ("negative", "neg")
@@ -202,7 +202,8 @@ def _torch(obj: Any, argname: str, write: bool) -> Buf:
         )
     contiguous = t.is_contiguous()
     base = t if contiguous else t.contiguous()
-    if t.dtype is torch.bfloat16:
+    tdtype = t.dtype
+    if tdtype is torch.bfloat16:
         arr = base.view(torch.int16).numpy().view(np.uint16)
         dtype = "bfloat16"
     else:
@@ -210,10 +211,10 @@ def _torch(obj: Any, argname: str, write: bool) -> Buf:
             arr = base.numpy()
         except TypeError:
             raise TypeError(f"{argname} has dtype {t.dtype}, which hpcdist cannot communicate") from None
-        name = _TORCH_DTYPE_NAMES.get(t.dtype)
+        name = _TORCH_DTYPE_NAMES.get(tdtype)
         if name is None:  # first tensor of this dtype: check it once (NumPy's dtype.name costs µs per call)
             _check_dtype(arr, argname)
-            name = _TORCH_DTYPE_NAMES[t.dtype] = arr.dtype.name
+            name = _TORCH_DTYPE_NAMES[tdtype] = arr.dtype.name
         dtype = name
     if contiguous:
         return Buf(arr, obj, dtype)

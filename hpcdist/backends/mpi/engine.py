@@ -33,7 +33,7 @@ __all__ = ["MPIEngine"]
 # This module is imported when the first engine is built, after MPI started.
 from mpi4py import MPI
 
-_arm, _disarm = WATCHDOG.arm, WATCHDOG.disarm
+_watched = WATCHDOG.call
 _IN_PLACE = MPI.IN_PLACE
 _ANY_SOURCE = MPI.ANY_SOURCE
 _OPS: dict[str, Any] = {}
@@ -44,6 +44,17 @@ def _mpi_op(name: str) -> Any:
     if op is None:
         op = _OPS[name] = getattr(MPI, name)
     return op
+
+
+#: a Buf's dtype name -> its MPI datatype, for the arrays whose name is their NumPy dtype's (not half floats)
+_BY_NAME: dict[str, Any] = {}
+
+
+def _by_name(buf: Buf) -> Any:
+    mt = mpi_datatype(buf.arr.dtype)
+    if buf.arr.dtype.name == buf.dtype:
+        _BY_NAME[buf.dtype] = mt
+    return mt
 
 
 def _msg(arr: Any) -> list[Any]:
@@ -138,11 +149,9 @@ class MPIEngine(Engine):
         lock = pg._call_lock
         if not lock.acquire(False):
             raise pg.busy_error(name)
-        _arm(pg._timeout_s, (name, pg))
         try:
-            block(*args)
+            _watched(pg._timeout_s, (name, pg), block, args)
         finally:
-            _disarm()
             lock.release()
 
     # -- collectives ---------------------------------------------------------
@@ -160,7 +169,8 @@ class MPIEngine(Engine):
         c = self.comm
         if rop.plain and buf.writeback is None and buf.dtype not in HALF_DTYPES:
             arr = buf.arr
-            args = (_IN_PLACE, [arr, mpi_datatype(arr.dtype)], _OPS.get(rop.mpi_name) or _mpi_op(rop.mpi_name))
+            mt = _BY_NAME.get(buf.dtype) or _by_name(buf)
+            args = (_IN_PLACE, [arr, mt], _OPS.get(rop.mpi_name) or _mpi_op(rop.mpi_name))
             if sync and self.block:  # the hot path: no post-step, nothing to keep
                 self._blocking("all_reduce", c.Allreduce, args)
                 return None
