@@ -341,3 +341,22 @@ def test_object_roundtrip_and_restricted_unpickler(monkeypatch):
 
     with pytest.raises(pickle.UnpicklingError, match="restricted"):
         loads(dumps(Evil()))
+
+
+def test_a_registered_engine_factory_must_build_an_engine():
+    """docs/architecture.md, "Write an engine": select_engine builds it and refuses anything else."""
+    from hpcdist.backends import Engine
+    from hpcdist.backends.selection import select_engine
+
+    class Partial(Engine):  # an engine lacking operations cannot be made (the ABC says which)
+        def barrier(self, sync=False):
+            return None
+
+    with pytest.raises(TypeError, match="abstract"):
+        Partial()
+    Backend.register_backend("notanengine", lambda pg, device_type: object(), devices="cpu")
+    with pytest.raises(TypeError, match=r"returned object, not an engine; subclass hpcdist.backends.Engine"):
+        select_engine(None, "notanengine", "cpu")
+    assert Backend.backend_capability["notanengine"] == ["cpu"] and parse_backend("notanengine") == {
+        "cpu": "notanengine"
+    }
