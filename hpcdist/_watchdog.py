@@ -53,6 +53,21 @@ class Watchdog:
     def disarm(self) -> None:
         self.calls.pop(_get_ident(), None)
 
+    def call(self, limit: float, what: Any, fn: Any, args: tuple) -> None:
+        """``fn(*args)`` armed for ``limit`` s (``arm``, call, ``disarm`` in one: the blocking hot path).
+
+        Per call it stores one entry (a tuple) and removes it; nothing else is allocated.
+        """
+        if self._thread is None:
+            self._start()
+        ident = _get_ident()
+        calls = self.calls
+        calls[ident] = (_monotonic() + limit, limit, what)
+        try:
+            fn(*args)
+        finally:
+            del calls[ident]
+
     def _start(self) -> None:
         with self._lock:
             if self._thread is None:

@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from ._launchenv import free_port
+
 __all__ = ["OPS", "main", "parse_sizes"]
 
 #: op -> (bus factor(n), the variants' calls are built by _calls)
@@ -225,19 +227,11 @@ def _init_gloo(world: Any) -> bool:
         import torch.distributed as tdist
     except ImportError:
         return False
-    port = world.bcast(_free_port() if world.Get_rank() == 0 else None, root=0)
+    port = world.bcast(free_port("127.0.0.1") if world.Get_rank() == 0 else None, root=0)
     tdist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.Get_rank(), world_size=world.Get_size()
     )
     return True
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -8,8 +8,13 @@ the arrays' device -> return None, or a :class:`~hpcdist.work.Work` when
 SPMD contract, for every function here: every rank of ``group`` calls it, in
 the same order as the group's other collectives, with arrays of the same
 dtype and matching sizes (as each docstring says). A rank that skips a call or
-calls another collective makes the others raise
-:class:`~hpcdist.errors.DistTimeoutError` after the group's timeout. A rank
+calls another collective makes the others time out after the group's
+timeout: with the default ``HPCDIST_WAIT=block`` the watchdog prints a
+:class:`~hpcdist.errors.DistTimeoutError` message and ends the job; with
+``HPCDIST_WAIT=poll`` they raise it. In block mode every rank also passes the
+same ``async_op`` (a blocking call is the blocking MPI routine, an
+``async_op=True`` one the non-blocking routine, and MPI does not match the
+two); debug DETAIL mode checks it. A rank
 that is not in ``group`` gets None back and nothing happens (torch's rule).
 ``src``/``dst`` are global ranks; ``group_src``/``group_dst`` ranks in the
 group. Blocking calls return once this rank's part is done and the outputs
@@ -53,12 +58,15 @@ __all__ = [
 SUM = RedOpType.SUM
 
 
-def _engine(pg: ProcessGroup, buf: Buf, desc: str, root: int = -1, sized: bool = False) -> tuple[Any, list[Any] | None]:
+def _engine(
+    pg: ProcessGroup, buf: Buf, desc: str, root: int = -1, sized: bool = False, async_op: bool | None = None
+) -> tuple[Any, list[Any] | None]:
     """The group's engine for ``buf``'s device and the call's flight-recorder entry (None when off).
 
     In debug DETAIL mode, first check that every rank calls ``desc`` with
-    ``buf``'s dtype, the same ``root`` (a group rank) and, where every rank
-    must pass the same shape (``sized``), ``buf``'s shape.
+    ``buf``'s dtype, the same ``root`` (a group rank), where every rank
+    must pass the same shape (``sized``) ``buf``'s shape, and in block wait
+    mode the same ``async_op`` (:func:`_async_part`).
     """
     fr = pg._flight
     entry = None if fr is None else fr.coll(desc, buf.dtype, buf.arr.size, root)
@@ -68,8 +76,18 @@ def _engine(pg: ProcessGroup, buf: Buf, desc: str, root: int = -1, sized: bool =
             parts.append(f"root {root}")
         if sized:
             parts.append(f"shape {tuple(buf.shape)}")
-        check_collective(pg, f"{desc}({', '.join(parts)})")
+        check_collective(pg, f"{desc}({', '.join(parts)}){_async_part(pg, async_op)}")
     return pg.engine(buf.device), entry
+
+
+def _async_part(pg: ProcessGroup, async_op: bool | None) -> str:
+    """``" with async_op=True"`` for a DETAIL check of an async call in block wait mode, else ``""``.
+
+    In ``HPCDIST_WAIT=block`` a blocking call is the blocking MPI routine and
+    an ``async_op=True`` one the non-blocking routine, and MPI does not match
+    the two: ranks that disagree hang until the timeout (docs/sharp-bits.md).
+    """
+    return " with async_op=True" if async_op and pg._block else ""
 
 
 def _done(work: Work | None, async_op: bool, entry: list[Any] | None) -> Work | None:
@@ -159,7 +177,7 @@ def broadcast(
         return None
     root = group_rank(pg, src, group_src, "src")
     buf = adapt(tensor, "tensor", pg._rank != root)
-    eng, entry = _engine(pg, buf, "broadcast", root, sized=True)
+    eng, entry = _engine(pg, buf, "broadcast", root, sized=True, async_op=async_op)
     return _done(eng.broadcast(buf, root, sync=not async_op), async_op, entry)
 
 
@@ -186,8 +204,10 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
     fr = pg._flight  # the hot path: _engine and _done inlined
     entry = None if fr is None else fr.coll("all_reduce", buf.dtype, buf.arr.size, -1)
     if DETAIL[0]:
-        check_collective(pg, f"all_reduce({buf.dtype}, {rop.kind.name}, shape {tuple(buf.shape)})")
-    work = pg.engine(buf.device).all_reduce(buf, rop, not async_op)
+        check_collective(
+            pg, f"all_reduce({buf.dtype}, {rop.kind.name}, shape {tuple(buf.shape)}){_async_part(pg, async_op)}"
+        )
+    work = (pg._engines.get(buf.device) or pg.engine(buf.device)).all_reduce(buf, rop, not async_op)
     if async_op:
         if entry is not None:
             attach(entry, work)
@@ -228,7 +248,7 @@ def reduce(
     root = group_rank(pg, dst, group_dst, "dst")
     buf = adapt(tensor, "tensor", pg._rank == root)
     rop = resolve_op(op, buf.dtype)
-    eng, entry = _engine(pg, buf, "reduce", root, sized=True)
+    eng, entry = _engine(pg, buf, "reduce", root, sized=True, async_op=async_op)
     return _done(eng.reduce(buf, root, rop, sync=not async_op), async_op, entry)
 
 
@@ -261,7 +281,7 @@ def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, a
         return _done(_parts(pg, [(b, (b, rop)) for b in bufs], "all_reduce", "all_reduce_coalesced"), async_op, None)
     flat = pack(bufs, bufs[0].arr.dtype)
     packed = Buf(flat, tensors, bufs[0].dtype, "cpu", lambda: unpack(flat, bufs))
-    eng, entry = _engine(pg, packed, "all_reduce_coalesced")
+    eng, entry = _engine(pg, packed, "all_reduce_coalesced", async_op=async_op)
     return _done(eng.all_reduce(packed, rop, sync=not async_op), async_op, entry)
 
 
@@ -302,25 +322,8 @@ def _complex_as_real(bufs: list[Buf], op: Any) -> list[Buf]:
 
 
 def combine(works: list[Any], name: str, pg: ProcessGroup) -> Work:
-    """One Work over several: completes when all did, finishing each in order.
-
-    NCCL parts enqueued on one stream: the last part's CUDA event covers them
-    all, so the Work is that event's (torch's stream semantics for the whole).
-    """
-    if works and all(hasattr(w, "joined") for w in works) and len({w._torch for w in works}) == 1:
-        return works[-1].joined(works, (name, pg))
-    reqs = [r for w in works for r in w._reqs]
-    for w in works:
-        w._reqs = ()
-
-    def post() -> list[Any]:
-        out = []
-        for w in works:
-            w._finish()
-            out.append(w._result)
-        return out
-
-    return Work(reqs, post, works, pg._timeout_s, (name, pg))
+    """One Work over several of ``pg``'s (:meth:`Work.combine`): completes when all did, finishing each in order."""
+    return Work.combine(works, (name, pg), pg._timeout_s)
 
 
 # ------------------------------------------------------------------ gathers
@@ -346,7 +349,7 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
         return None
     inp = adapt(tensor, "tensor", False)
     outs = _per_rank(pg, tensor_list, "tensor_list", True, inp, "tensor")
-    eng, entry = _engine(pg, inp, "all_gather")
+    eng, entry = _engine(pg, inp, "all_gather", async_op=async_op)
     return _done(eng.all_gather(outs, inp, sync=not async_op), async_op, entry)
 
 
@@ -373,7 +376,7 @@ def all_gather_into_tensor(
     out = adapt(output_tensor, "output_tensor", True)
     _same(out, inp, "output_tensor", "input_tensor")
     _group_multiple(pg, out, "output_tensor", inp, "input")
-    eng, entry = _engine(pg, inp, "all_gather_into", sized=True)
+    eng, entry = _engine(pg, inp, "all_gather_into", sized=True, async_op=async_op)
     return _done(eng.all_gather_into(out, inp, sync=not async_op), async_op, entry)
 
 
@@ -467,7 +470,7 @@ def gather(
     root = group_rank(pg, 0 if dst is None and group_dst is None else dst, group_dst, "dst")
     inp = adapt(tensor, "tensor", False)
     outs = _root_list(pg, root, gather_list, "gather_list", inp, True, "destination")
-    eng, entry = _engine(pg, inp, "gather", root)
+    eng, entry = _engine(pg, inp, "gather", root, async_op=async_op)
     return _done(eng.gather(inp, outs, root, sync=not async_op), async_op, entry)
 
 
@@ -501,7 +504,7 @@ def scatter(
     root = group_rank(pg, 0 if src is None and group_src is None else src, group_src, "src")
     out = adapt(tensor, "tensor", True)
     ins = _root_list(pg, root, scatter_list, "scatter_list", out, False, "source")
-    eng, entry = _engine(pg, out, "scatter", root)
+    eng, entry = _engine(pg, out, "scatter", root, async_op=async_op)
     return _done(eng.scatter(out, ins, root, sync=not async_op), async_op, entry)
 
 
@@ -532,7 +535,7 @@ def reduce_scatter(
     out = adapt(output, "output", True)
     ins = _per_rank(pg, input_list, "input_list", False, out, "output")
     rop = resolve_op(op, out.dtype)
-    eng, entry = _engine(pg, out, "reduce_scatter")
+    eng, entry = _engine(pg, out, "reduce_scatter", async_op=async_op)
     return _done(eng.reduce_scatter(out, ins, rop, sync=not async_op), async_op, entry)
 
 
@@ -561,7 +564,7 @@ def reduce_scatter_tensor(
     _same(out, inp, "output", "input")
     _group_multiple(pg, inp, "input", out, "output")
     rop = resolve_op(op, out.dtype)
-    eng, entry = _engine(pg, out, "reduce_scatter_tensor", sized=True)
+    eng, entry = _engine(pg, out, "reduce_scatter_tensor", sized=True, async_op=async_op)
     return _done(eng.reduce_scatter_tensor(out, inp, rop, sync=not async_op), async_op, entry)
 
 
@@ -605,7 +608,7 @@ def all_to_all(
         raise ValueError(
             f"input_tensor_list[{pg._rank}] and output_tensor_list[{pg._rank}] (this rank to itself) must have equal sizes"
         )
-    eng, entry = _engine(pg, ins[0], "all_to_all")
+    eng, entry = _engine(pg, ins[0], "all_to_all", async_op=async_op)
     return _done(eng.all_to_all(outs, ins, sync=not async_op), async_op, entry)
 
 
@@ -673,7 +676,7 @@ def all_to_all_single(
             f"{rcounts[pg._rank] // max(out_row, 1)}; input_split_sizes[{pg._rank}] and "
             f"output_split_sizes[{pg._rank}] must match"
         )
-    eng, entry = _engine(pg, inp, "all_to_all_single")
+    eng, entry = _engine(pg, inp, "all_to_all_single", async_op=async_op)
     return _done(eng.all_to_all_single(out, inp, rcounts, scounts, sync=not async_op), async_op, entry)
 
 
@@ -702,11 +705,10 @@ def barrier(
     if timeout is not None and not isinstance(timeout, timedelta):
         raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
     if DETAIL[0]:
-        check_collective(pg, "barrier()")
-    bmap = pg._backend_map  # an NCCL-only group has no cpu engine: its engine's barrier runs over MPI
+        check_collective(pg, f"barrier(){_async_part(pg, async_op or timeout is not None)}")
     fr = pg._flight
     entry = None if fr is None else fr.coll("barrier", None, 0, -1)
-    work = pg.engine("cpu" if "cpu" in bmap else next(iter(bmap))).barrier(sync=not async_op and timeout is None)
+    work = pg.barrier_engine().barrier(sync=not async_op and timeout is None)
     if async_op:
         if entry is not None and work is not None:
             attach(entry, work)

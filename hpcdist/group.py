@@ -31,7 +31,8 @@ from . import config
 from ._timed import guarded, timed_members_barrier, watched
 from ._world import WORLD as _WORLD
 from ._world import not_initialized
-from .backends import backend_factory, parse_backend
+from .backends import Engine, parse_backend
+from .backends.selection import select_engine
 from .flight import new_ring
 
 __all__ = [
@@ -77,7 +78,7 @@ class ProcessGroup:
         self._timeout_s = timeout.total_seconds()
         self._backend_map = backend
         self._backend_str = backend_str
-        self._engines: dict[str, Any] = {}
+        self._engines: dict[str, Engine] = {}
         self.group_name = group_name
         self.group_desc = group_desc
         self._store = store
@@ -123,8 +124,12 @@ class ProcessGroup:
     def get_group_store(self) -> Any:
         return self._store
 
-    def engine(self, device_type: str) -> Any:
-        """The backend engine moving arrays of ``device_type`` ('cpu'/'cuda')."""
+    def engine(self, device_type: str) -> Engine:
+        """The engine moving this group's arrays of ``device_type`` ('cpu'/'cuda'), built on first use.
+
+        :func:`hpcdist.backends.selection.select_engine` chooses it from the
+        group's backend for that device; the group keeps it until destroyed.
+        """
         eng = self._engines.get(device_type)
         if eng is None:
             name = self._backend_map.get(device_type)
@@ -134,8 +139,12 @@ class ProcessGroup:
                     f"arrays; use a device map such as backend='cpu:mpi,cuda:nccl', or move the array to "
                     f"{' or '.join(sorted(self._backend_map))}"
                 )
-            eng = self._engines[device_type] = backend_factory(name)(self, device_type)
+            eng = self._engines[device_type] = select_engine(self, name, device_type)
         return eng
+
+    def barrier_engine(self) -> Engine:
+        """The engine that runs this group's barrier: its host engine, else (an NCCL-only group) its only one."""
+        return self.engine("cpu" if "cpu" in self._backend_map else next(iter(self._backend_map)))
 
     def busy_error(self, opname: str) -> Exception:
         """The error of a blocking call entered while another thread is inside one on this group."""
@@ -158,9 +167,7 @@ class ProcessGroup:
             return
         self._destroyed = True
         for eng in self._engines.values():
-            close = getattr(eng, "close", None)
-            if close is not None:
-                close()
+            eng.close()
         self._engines.clear()
         try:
             from mpi4py import MPI

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import config
+from .buffers.packing import displacements
 from .errors import DistTimeoutError
 from .flight import END, on_timeout
 from .group import ProcessGroup, group_rank, resolve_group
@@ -168,8 +169,7 @@ def _complete(entry: list[Any] | None) -> None:
 
 def _counts_displs(lengths: np.ndarray) -> tuple[list[int], list[int]]:
     counts = [int(x) for x in lengths]
-    displs = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64).tolist()
-    return counts, displs
+    return counts, displacements(counts)
 
 
 def _root(pg: ProcessGroup, glob: Any, grp: Any, name: str, default_zero: bool = False) -> int:

@@ -156,15 +156,15 @@ def resolve_op(op: Any, dtype: str, argname: str = "op") -> ResolvedOp:
     Raises TypeError for a value that is no ReduceOp, ValueError for an op the
     dtype does not support (bitwise ops on floats, MIN/MAX on complex).
     """
-    if isinstance(op, _PremulSum):
+    key = (op, dtype)
+    hit = _CACHE.get(key)  # checked once per (op, dtype): the hot path is this lookup
+    if hit is not None:
+        return hit
+    if isinstance(op, _PremulSum):  # never cached: the factor varies call by call
         base = resolve_op(RedOpType.SUM, dtype, argname)
         if dtype == "bool":
             raise ValueError(f"{argname}=PREMUL_SUM is not defined for bool arrays")
         return ResolvedOp(RedOpType.PREMUL_SUM, base.mpi_name, premul=op.factor)
-    key = (op, dtype)
-    hit = _CACHE.get(key)
-    if hit is not None:
-        return hit
     try:
         kind = RedOpType(op)
     except (ValueError, TypeError):

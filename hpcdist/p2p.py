@@ -143,12 +143,7 @@ def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, g
     buf = adapt(tensor, "tensor", False)
     fr = pg._flight
     entry = None if fr is None else fr.p2p("send", buf.dtype, buf.arr.size, peer)
-    eng = pg.engine(buf.device)
-    now = getattr(eng, "send_now", None)
-    if now is not None:
-        now(buf, peer, t)
-    else:
-        eng.send(buf, peer, t).wait()
+    pg.engine(buf.device).send_now(buf, peer, t)
     if entry is not None:
         entry[END] = True
 
@@ -177,14 +172,7 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, g
     buf = adapt(tensor, "tensor", True)
     fr = pg._flight
     entry = None if fr is None else fr.p2p("recv", buf.dtype, buf.arr.size, peer)
-    eng = pg.engine(buf.device)
-    now = getattr(eng, "recv_now", None)
-    if now is not None:
-        source = int(now(buf, peer, t))
-    else:
-        work = eng.recv(buf, peer, t)
-        work.wait()
-        source = work.source_rank()
+    source = pg.engine(buf.device).recv_now(buf, peer, t)
     if entry is not None:
         entry[END] = True
     return source
@@ -259,7 +247,7 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     works: list[Any] = [None] * len(prepared)
     for i, (pg, is_send, peer, tag, buf) in enumerate(prepared):
         eng = pg.engine(buf.device)
-        if hasattr(eng, "batch_p2p"):
+        if eng.batches_p2p:
             entry = batches.setdefault(id(eng), (eng, [], []))
             entry[1].append(i)
             entry[2].append((is_send, buf, peer, tag))

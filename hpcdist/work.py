@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from ._exit import poison
-from .errors import DistBackendError, DistError, DistTimeoutError
+from .errors import TIMEOUT_FIX, DistBackendError, DistError, DistTimeoutError, describe_op, timeout_message
 
 __all__ = ["Future", "ProbedRecv", "Work", "completed_work", "test_all", "timeout_error", "wait_requests"]
 
@@ -127,14 +127,10 @@ def timeout_error(name: Any, limit: float, cancelled: bool = False) -> DistTimeo
     the process is poisoned (:mod:`hpcdist._exit`), so exiting ends the job
     promptly instead of waiting in ``MPI_Finalize``.
     """
-    desc = name if isinstance(name, str) else f"{name[0]} on {name[1]!r}"
     if not cancelled:
-        poison(f"{desc} timed out after {limit:g}s")
-    err = DistTimeoutError(
-        f"{desc} did not complete within {limit:g}s: a peer may have died, be stuck, or have called a different "
-        "operation (every rank of the group must make the same calls in the same order); raise the timeout with "
-        "init_process_group(timeout=...) or HPCDIST_TIMEOUT if it is just slow"
-    )
+        poison(f"{describe_op(name)} timed out after {limit:g}s")
+    then = " (every rank of the group must make the same calls in the same order); " + TIMEOUT_FIX
+    err = DistTimeoutError(timeout_message(name, limit, then=then))
     from .flight import on_timeout
 
     on_timeout(str(err))  # the flight recorder's dump, before anyone catches the error
@@ -232,6 +228,83 @@ class Work:
             raise exc
         self._finish()
         return True
+
+    # -- composition (for engines and collectives; the fields above stay private) --------
+
+    def chain(self, step: Callable[[], Any] | None = None, *, within: Any = None, name: Any = None) -> Work:
+        """A Work that takes this one over and runs ``step()`` after it finished.
+
+        The new Work owns this one's requests: wait on it, not on this one.
+        It completes when they did, after this Work's own finishing step (run
+        inside the context manager ``within`` when given, e.g. the array's
+        CUDA stream) and then ``step()``. It keeps this Work's result (or
+        ``step``'s return value when that is not None), its sender for
+        :meth:`source_rank` and its cancel-on-timeout.
+
+        Args:
+            step: what to run once this Work finished (copies back, stream
+                synchronization, returning staging blocks); None: nothing.
+            within: a context manager entered around this Work's finishing step.
+            name: the new Work's name in errors; default this one's.
+
+        Returns:
+            The new Work.
+        """
+        reqs, self._reqs = self._reqs, ()
+        inner = self
+
+        def post() -> Any:
+            if within is None:
+                inner._finish()
+            else:
+                with within:
+                    inner._finish()
+            if inner._source >= 0:
+                outer._source = inner._source
+            return None if step is None else step()
+
+        outer = Work(
+            reqs, post, inner, self._timeout_s, self._name if name is None else name, self._result, self._on_timeout
+        )
+        outer._status = self._status
+        return outer
+
+    @classmethod
+    def combine(cls, works: Sequence[Work], name: Any, timeout_s: float) -> Work:
+        """One Work over several started operations: it completes when all did, finishing each in order.
+
+        Its result is the list of the parts' results. Works of one kind that
+        know a cheaper way (NCCL's: the last part's CUDA event covers all
+        parts on one stream) combine their own way.
+
+        Args:
+            works: the parts (wait on the combined Work, not on them).
+            name: the combined Work's name in errors, e.g. ``(opname, group)``.
+            timeout_s: its default timeout for :meth:`wait`.
+
+        Returns:
+            The combined Work.
+        """
+        kind = type(works[-1]) if works else Work
+        if kind.combine.__func__ is not Work.combine.__func__:  # type: ignore[attr-defined]
+            return kind.combine(works, name, timeout_s)  # it falls back on _merged where it cannot do better
+        return Work._merged(works, name, timeout_s)
+
+    @staticmethod
+    def _merged(works: Sequence[Work], name: Any, timeout_s: float) -> Work:
+        """:meth:`combine` for any Works: their requests, tested together; their finishing steps, in order."""
+        reqs = [r for w in works for r in w._reqs]
+        for w in works:
+            w._reqs = ()
+
+        def post() -> list[Any]:
+            out = []
+            for w in works:
+                w._finish()
+                out.append(w._result)
+            return out
+
+        return Work(reqs, post, list(works), timeout_s, name)
 
     def synchronize(self) -> None:
         """Same as :meth:`wait` for host work."""

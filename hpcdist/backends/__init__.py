@@ -1,9 +1,17 @@
 """The backend registry: a backend name -> the factory of its per-group engine.
 
 ``mpi`` is native. ``gloo`` is accepted for compatibility and runs on MPI.
-``nccl`` drives CUDA arrays through NCCL (registered by
-:mod:`hpcdist.backends.nccl`, loaded on first use). Third parties add
-backends with :meth:`Backend.register_backend`.
+``nccl`` drives CUDA arrays through NCCL. The registry itself, and the
+choice of engine for a (group, device) pair, live in
+:mod:`hpcdist.backends.selection`; the interface every engine implements in
+:mod:`hpcdist.backends.engine`. Third parties add backends with
+:meth:`Backend.register_backend`.
+
+The engines, one folder per path: :mod:`.mpi` (host arrays over MPI),
+:mod:`.shm` (host arrays through shared memory on a node),
+:mod:`.hierarchical` (host arrays of groups spanning nodes),
+:mod:`.cuda_aware` (device pointers to a CUDA-aware MPI), :mod:`.staged`
+(device arrays through pinned host memory) and :mod:`.nccl`.
 
 A group's backend spec is a device map, ``{"cpu": "mpi", "cuda": "nccl"}``,
 parsed from strings such as ``"mpi"``, ``"nccl"`` or ``"cpu:mpi,cuda:nccl"``.
@@ -15,13 +23,10 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Backend", "backend_factory", "parse_backend", "registered_backends"]
+from . import selection
+from .engine import Engine
 
-#: name -> (factory(pg, device_type) -> engine, devices it supports)
-_REGISTRY: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {}
-#: names whose module registers them lazily on first use
-_LAZY: dict[str, str] = {"mpi": "hpcdist.backends.mpi", "gloo": "hpcdist.backends.mpi", "nccl": "hpcdist.backends.nccl"}
-_DEFAULT_DEVICES: dict[str, tuple[str, ...]] = {"mpi": ("cpu", "cuda"), "gloo": ("cpu", "cuda"), "nccl": ("cuda",)}
+__all__ = ["Backend", "Engine", "parse_backend", "registered_backends"]
 
 
 class Backend(str):
@@ -41,7 +46,7 @@ class Backend(str):
 
     backend_list = ["undefined", "gloo", "nccl", "mpi"]
     default_device_backend_map: dict[str, str] = {"cpu": "mpi", "cuda": "mpi"}
-    backend_capability: dict[str, list[str]] = {"mpi": ["cpu", "cuda"], "gloo": ["cpu", "cuda"], "nccl": ["cuda"]}
+    backend_capability: dict[str, list[str]] = {n: list(selection.devices_of(n)) for n in selection.known()}
 
     def __new__(cls, name: str) -> Backend:
         if not isinstance(name, str):  # ValueError, as torch's Backend
@@ -49,9 +54,9 @@ class Backend(str):
                 f"backend must be a string such as 'mpi', 'gloo' or 'nccl', got {type(name).__name__} ({name!r})"
             )
         value = name.lower()
-        if value != "undefined" and value not in _known():
+        if value != "undefined" and value not in selection.known():
             raise ValueError(
-                f"unknown backend {name!r}: expected one of {sorted(_known())} (or a device map like 'cpu:mpi,cuda:nccl')"
+                f"unknown backend {name!r}: expected one of {selection.known()} (or a device map like 'cpu:mpi,cuda:nccl')"
             )
         return str.__new__(cls, value)
 
@@ -65,48 +70,34 @@ class Backend(str):
     ) -> None:
         """Register backend ``name``; ``func(pg, device_type)`` builds its engine for one group.
 
-        The engine has the methods of :class:`hpcdist.backends.mpi.MPIEngine`
-        it supports. A name already registered raises ValueError.
+        Args:
+            name: the backend's name (an identifier; stored lower case).
+            func: ``func(pg, device_type)`` returns an instance of a subclass
+                of :class:`hpcdist.backends.Engine` serving group ``pg``'s
+                arrays of ``device_type`` (see docs/architecture.md, "Write
+                an engine").
+            extended_api: accepted for torch compatibility and ignored.
+            devices: the device types the backend serves (``"cpu"``,
+                ``"cuda"`` or a list); default both.
+
+        A name already registered raises ValueError.
         """
         if not isinstance(name, str) or not name or not name.replace("_", "").isalnum():
             raise ValueError(f"backend name must be a non-empty identifier, got {name!r}")
         key = name.lower()
-        if key in _REGISTRY or key in _LAZY:
+        if key in selection.known():
             raise ValueError(f"backend {name!r} is already registered")
         if not callable(func):
             raise TypeError(f"register_backend: func must be callable, got {type(func).__name__}")
         devs = (devices,) if isinstance(devices, str) else tuple(devices or ("cpu", "cuda"))
-        _REGISTRY[key] = (func, devs)
+        selection.register(key, func, devs)
         setattr(cls, name.upper(), key)
         cls.backend_list.append(key)
         cls.backend_capability[key] = list(devs)
 
 
-def _known() -> set[str]:
-    return set(_REGISTRY) | set(_LAZY)
-
-
 def registered_backends() -> list[str]:
-    return sorted(_known())
-
-
-def _load(name: str) -> tuple[Callable[..., Any], tuple[str, ...]]:
-    hit = _REGISTRY.get(name)
-    if hit is None and name in _LAZY:
-        importlib.import_module(_LAZY[name])
-        hit = _REGISTRY.get(name)
-    if hit is None:
-        raise ValueError(f"unknown backend {name!r}: expected one of {registered_backends()}")
-    return hit
-
-
-def register_builtin(name: str, func: Callable[..., Any], devices: tuple[str, ...]) -> None:
-    """For hpcdist's own backend modules: register a lazily loaded backend."""
-    _REGISTRY[name] = (func, devices)
-
-
-def backend_factory(name: str) -> Callable[..., Any]:
-    return _load(name)[0]
+    return selection.known()
 
 
 def parse_backend(spec: Any) -> dict[str, str]:
@@ -121,8 +112,7 @@ def parse_backend(spec: Any) -> dict[str, str]:
     text = spec.strip().lower()
     if ":" not in text:
         name = str(Backend(text))
-        devices = _REGISTRY[name][1] if name in _REGISTRY else _DEFAULT_DEVICES.get(name, ("cpu", "cuda"))
-        return {d: name for d in devices}
+        return {d: name for d in selection.devices_of(name)}
     out: dict[str, str] = {}
     for part in text.split(","):
         dev, sep, name = part.strip().partition(":")
@@ -151,4 +141,4 @@ def is_backend_available(backend: str) -> bool:
         except ImportError:
             return False
         return bool(nccl.available())
-    return name in _REGISTRY
+    return name in selection.known()

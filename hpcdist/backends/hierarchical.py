@@ -53,11 +53,12 @@ from .._timed import guarded
 from .._world import WORLD
 from ..buffers.adapters import Buf
 from ..buffers.dtypes import mpi_datatype
+from ..buffers.packing import displacements as _displs
 from ..buffers.reduction import finish_reduce, prepare
 from ..ops import ResolvedOp
 from ..topology import node_of_ranks
 from ..work import Work, timeout_error, wait_requests
-from .mpi import MPIEngine, _displs, _mpi_op
+from .mpi.engine import MPIEngine, _mpi_op
 
 __all__ = ["HierarchicalEngine", "NodeTopology", "spans_nodes"]
 

@@ -1,6 +1,10 @@
-"""Array adapters, dtype maps and staging (see :mod:`.adapters`, :mod:`.dtypes`)."""
+"""Array adapters, dtype maps and packing (see :mod:`.adapters`, :mod:`.dtypes`).
 
-from ..gpu import adapters as _gpu_adapters  # noqa: F401  (registers the GPU adapters; imports no CuPy)
+A low layer: it imports no other part of hpcdist but :mod:`hpcdist.ops`.
+The device-array adapters register themselves here from :mod:`hpcdist.gpu`
+(which ``import hpcdist`` imports), so nothing here knows about devices.
+"""
+
 from .adapters import Buf, adapt, adapt_list, register_adapter
 from .dtypes import HALF_DTYPES, mpi_datatype
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from .dtypes import dtype_info, supported
 
-__all__ = ["TORCH_DEVICE_ADAPTERS", "Buf", "adapt", "adapt_list", "register_adapter"]
+__all__ = ["TORCH_DEVICE_ADAPTERS", "Buf", "adapt", "adapt_list", "is_torch", "register_adapter"]
 
 
 class Buf:
@@ -170,7 +170,8 @@ def _is_numpy(obj: Any) -> bool:
 # ---------------------------------------------------------------- torch (CPU)
 
 
-def _is_torch(obj: Any) -> bool:
+def is_torch(obj: Any) -> bool:
+    """Whether ``obj`` is a torch tensor (without importing torch)."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(obj, torch.Tensor)
 
@@ -180,9 +181,9 @@ _TORCH_DTYPE_NAMES: dict[Any, str] = {}
 
 
 def _torch(obj: Any, argname: str, write: bool) -> Buf:
-    import torch
+    torch = sys.modules["torch"]  # imported: obj is a torch tensor
 
-    if obj.device.type != "cpu":
+    if not obj.is_cpu:  # (is_cpu: one attribute; device.type builds a string per call)
         device_adapter = TORCH_DEVICE_ADAPTERS.get(obj.device.type)
         if device_adapter is None:
             raise TypeError(
@@ -190,8 +191,8 @@ def _torch(obj: Any, argname: str, write: bool) -> Buf:
                 "support (the 'gpu' extra: cupy), CUDA tensors; move it to the CPU or install cupy"
             )
         return device_adapter(obj, argname, write)
-    t = obj.detach()
-    if t.is_sparse or t.layout is not torch.strided:
+    t = obj.detach() if obj.requires_grad else obj  # .numpy() refuses only tensors that require grad
+    if t.layout is not torch.strided:  # sparse layouts included
         raise TypeError(f"{argname} is a {t.layout} tensor; only dense (strided) tensors can be communicated")
     if t.is_conj() or t.is_neg():  # lazy views whose memory does not hold their values (torch refuses .numpy())
         kind, bit = ("conjugate", "conj") if t.is_conj() else ("negative", "neg")
@@ -201,7 +202,8 @@ def _torch(obj: Any, argname: str, write: bool) -> Buf:
         )
     contiguous = t.is_contiguous()
     base = t if contiguous else t.contiguous()
-    if t.dtype is torch.bfloat16:
+    tdtype = t.dtype
+    if tdtype is torch.bfloat16:
         arr = base.view(torch.int16).numpy().view(np.uint16)
         dtype = "bfloat16"
     else:
@@ -209,10 +211,10 @@ def _torch(obj: Any, argname: str, write: bool) -> Buf:
             arr = base.numpy()
         except TypeError:
             raise TypeError(f"{argname} has dtype {t.dtype}, which hpcdist cannot communicate") from None
-        name = _TORCH_DTYPE_NAMES.get(t.dtype)
+        name = _TORCH_DTYPE_NAMES.get(tdtype)
         if name is None:  # first tensor of this dtype: check it once (NumPy's dtype.name costs µs per call)
             _check_dtype(arr, argname)
-            name = _TORCH_DTYPE_NAMES[t.dtype] = arr.dtype.name
+            name = _TORCH_DTYPE_NAMES[tdtype] = arr.dtype.name
         dtype = name
     if contiguous:
         return Buf(arr, obj, dtype)
@@ -267,7 +269,7 @@ def _dlpack(obj: Any, argname: str, write: bool) -> Buf:
 
 
 register_adapter("numpy", _is_numpy, _numpy)
-register_adapter("torch", _is_torch, _torch)
+register_adapter("torch", is_torch, _torch)
 register_adapter("dlpack-host", _has_dlpack, _dlpack)
 register_adapter("array-interface", _has_array_interface, _array_interface)
 register_adapter("buffer", _has_buffer, _buffer)

@@ -12,7 +12,16 @@ import numpy as np
 
 from .adapters import Buf
 
-__all__ = ["pack", "unpack"]
+__all__ = ["displacements", "pack", "unpack"]
+
+
+def displacements(counts: list[int]) -> list[int]:
+    """Where each of ``counts`` starts in one flat buffer: ``[0, c0, c0 + c1, ...]`` (MPI's ``displs``)."""
+    out, pos = [], 0
+    for n in counts:
+        out.append(pos)
+        pos += n
+    return out
 
 
 def pack(bufs: list[Buf], dtype: Any, xp: Any = np) -> Any:

@@ -9,13 +9,14 @@ imports it when first used.
   of this rank from its node-local rank, respecting ``CUDA_VISIBLE_DEVICES``
   and ``init_process_group(device_id=...)``.
 
-The engines live in :mod:`hpcdist.backends.mpi_cuda` (CUDA-aware),
-:mod:`hpcdist.backends.mpi_cuda_staged` (staged) and
+Device plumbing only: the engines that move device arrays live in
+:mod:`hpcdist.backends.cuda_aware`, :mod:`hpcdist.backends.staged` and
 :mod:`hpcdist.backends.nccl`.
 """
 
 from __future__ import annotations
 
+from . import adapters as _adapters  # noqa: F401  (registers the device-array adapters; imports no CuPy)
 from .cuda_aware import CudaAwareness, cuda_aware_mpi, register_vendor_setting
 from .device import current_device, device_for_local_rank, set_device_for_local_rank, visible_devices
 

@@ -63,7 +63,7 @@ def _device_buf(arr: Any, obj: Any, argname: str, write: bool, dtype: str | None
 
 
 def _not_host_kind(obj: Any) -> bool:
-    return not isinstance(obj, np.ndarray) and not _host._is_torch(obj)
+    return not isinstance(obj, np.ndarray) and not _host.is_torch(obj)
 
 
 # ---------------------------------------------------------------- CuPy

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from ..buffers.adapters import Buf
+from ..buffers.adapters import Buf, is_torch
 from .device import bound_device_index
 
 __all__ = ["check_devices", "require_cupy", "stream_for", "streams_of", "synchronize"]
@@ -30,15 +30,10 @@ def require_cupy(what: str = "device arrays") -> Any:
     return cupy
 
 
-def _is_torch(obj: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(obj, torch.Tensor)
-
-
 def stream_for(buf: Buf) -> Any:
     """The CuPy stream object of the current stream that owns ``buf``'s work."""
     cupy = require_cupy()
-    if _is_torch(buf.obj):
+    if is_torch(buf.obj):
         torch = sys.modules["torch"]
         ptr = torch.cuda.current_stream(buf.index).cuda_stream
         return cupy.cuda.ExternalStream(ptr, buf.index)

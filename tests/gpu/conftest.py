@@ -28,9 +28,14 @@ import pytest
 from gpu_arrays import gpu_missing, load_matrix
 
 import hpcdist as dist
+from hpcdist.backends.cuda_aware import CudaAwareEngine
+from hpcdist.backends.nccl import NCCLEngine
+from hpcdist.backends.staged import StagedEngine
 from hpcdist.gpu import set_device_for_local_rank
 
 PATHS = ["staged", "cuda-aware", "nccl"]
+#: the engine that serves each path's device arrays
+ENGINE_OF_PATH = {"staged": StagedEngine, "cuda-aware": CudaAwareEngine, "nccl": NCCLEngine}
 MATRIX = load_matrix()
 GROUP_KINDS = MATRIX.GROUP_KINDS
 _SKIP_NCCL_OPS = {"BAND", "BOR", "BXOR"}
@@ -117,7 +122,7 @@ def gpu_path(request):
         for g in groups.values():  # pin each group's CUDA engine while the override is set
             pg = dist.group.WORLD if g is None else g
             if pg is not dist.GroupMember.NON_GROUP_MEMBER and pg is not None:
-                assert pg.engine("cuda").path == path
+                assert isinstance(pg.engine("cuda"), ENGINE_OF_PATH[path])
         yield groups
     finally:
         if dist.is_initialized():

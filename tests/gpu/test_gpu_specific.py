@@ -9,6 +9,7 @@ import pytest
 from gpu_arrays import gpu_missing, spin, torch, torch_cuda
 
 import hpcdist as dist
+from hpcdist.backends.staged import StagedEngine
 from hpcdist.buffers.adapters import adapt
 
 pytestmark = pytest.mark.timeout(120)
@@ -146,9 +147,9 @@ def test_nccl_coalesced_work_is_one_event_covering_every_part(gpu_path):
 
 
 def test_staging_reuses_pinned_blocks(gpu_path):
-    if dist.group.WORLD.engine("cuda").path != "staged":
+    if not isinstance(dist.group.WORLD.engine("cuda"), StagedEngine):
         pytest.skip("staged path only")
-    from hpcdist.gpu.staging import pinned_pool
+    from hpcdist.backends.staged import pinned_pool
 
     pool = pinned_pool()
     x = cp.ones(12345, dtype=cp.float32)
@@ -165,9 +166,9 @@ def test_staging_reuses_pinned_blocks(gpu_path):
 )
 def test_staged_all_reduce_of_several_pieces_matches_numpy(gpu_path, dtype, opname):
     """Arrays of two pipeline pieces or more: copies down, MPI and copies up overlap piece by piece."""
-    if dist.group.WORLD.engine("cuda").path != "staged":
+    if not isinstance(dist.group.WORLD.engine("cuda"), StagedEngine):
         pytest.skip("staged path only")
-    from hpcdist.backends.mpi_cuda_staged import PIPELINE_CHUNK
+    from hpcdist.backends.staged.engine import PIPELINE_CHUNK
 
     count = (2 * PIPELINE_CHUNK + PIPELINE_CHUNK // 2) // np.dtype(dtype).itemsize + 3  # 2.5 pieces and a ragged end
     base = np.arange(count) % 7
@@ -194,9 +195,9 @@ def test_staged_all_reduce_of_several_pieces_matches_numpy(gpu_path, dtype, opna
 
 
 def test_staged_broadcast_and_reduce_of_several_pieces_match_numpy(gpu_path):
-    if dist.group.WORLD.engine("cuda").path != "staged":
+    if not isinstance(dist.group.WORLD.engine("cuda"), StagedEngine):
         pytest.skip("staged path only")
-    from hpcdist.backends.mpi_cuda_staged import PIPELINE_CHUNK
+    from hpcdist.backends.staged.engine import PIPELINE_CHUNK
 
     count = (2 * PIPELINE_CHUNK + PIPELINE_CHUNK // 2) // 8 + 5
     base = np.arange(count, dtype=np.float64) % 11

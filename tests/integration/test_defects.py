@@ -417,6 +417,34 @@ dist.destroy_process_group()
     assert r.stdout.count("STILL USABLE [2.0, 2.0, 2.0]") == 2, r.output
 
 
+def test_detail_names_a_mismatched_async_op_in_block_mode(tmp_path):
+    """In HPCDIST_WAIT=block, async_op=True on one rank and not the other would hang (MPI does not match
+    a blocking and a non-blocking collective): DETAIL names it before any message moves."""
+    script = (
+        PRELUDE
+        + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=20))
+r = dist.get_rank()
+x = np.ones(4)
+try:
+    w = dist.all_reduce(x, async_op=(r == 1))
+    say("NOT CAUGHT")
+except dist.DistError as e:
+    say("MISMATCH", r, e)
+w = dist.all_reduce(x, async_op=True)  # the same async_op everywhere: fine
+w.wait()
+say("STILL USABLE", x.tolist())
+dist.destroy_process_group()
+"""
+    )
+    r = run_mpi(2, script, tmp_path, env={"HPCDIST_DEBUG": "DETAIL", "HPCDIST_WAIT": "block"}, limit=90)
+    assert r.returncode == 0 and not r.timed_out, r.output
+    assert "NOT CAUGHT" not in r.stdout, r.output
+    text = "\n".join(ln for ln in r.stdout.splitlines() if ln.startswith("MISMATCH"))
+    assert text.count("MISMATCH") == 2 and "with async_op=True" in text, r.output
+    assert r.stdout.count("STILL USABLE [2.0, 2.0, 2.0, 2.0]") == 2, r.output
+
+
 @pytest.mark.parametrize("victim", [2, 0])
 def test_launcher_free_world_fails_fast_naming_a_killed_peer(tmp_path, victim):
     script = (

@@ -211,6 +211,48 @@ def test_cuda_tensor_without_gpu_support_is_a_clear_error():
 # ------------------------------------------------------------------ Work / Future
 
 
+class _Req:
+    """A request that completes after ``polls`` tests (MPI's Test as Work polls it)."""
+
+    def __init__(self, polls=1):
+        self.polls = polls
+
+    def Test(self, status=None):
+        self.polls -= 1
+        return self.polls <= 0
+
+
+def test_work_chain_runs_the_step_after_the_inner_finish_and_keeps_the_result():
+    from hpcdist.work import Work
+
+    seen = []
+    inner = Work([_Req(3)], lambda: seen.append("inner"), None, 5.0, "recv", result=["out"])
+    outer = inner.chain(lambda: seen.append("step"), name="wrapped")
+    assert outer.wait() is True and seen == ["inner", "step"]
+    assert outer.result() == ["out"] and outer.is_success()
+
+
+def test_work_chain_step_result_replaces_the_inner_result_and_errors_propagate():
+    from hpcdist.work import Work
+
+    outer = Work([], None, None, 5.0, "x", result=1).chain(lambda: 2)
+    assert outer.result() == [2]
+    failing = Work([], lambda: 1 / 0, None, 5.0, "x").chain(lambda: pytest.fail("the step must not run"))
+    with pytest.raises(ZeroDivisionError):
+        failing.wait()
+    assert failing.is_completed() and not failing.is_success()
+
+
+def test_work_combine_finishes_every_part_in_order_and_lists_their_results():
+    from hpcdist.work import Work
+
+    seen = []
+    parts = [Work([_Req(k + 1)], lambda k=k: seen.append(k), None, 5.0, "p", result=f"r{k}") for k in range(3)]
+    both = Work.combine(parts, "all", 5.0)
+    assert both.result() == ["r0", "r1", "r2"] and seen == [0, 1, 2]
+    assert Work.combine([], "none", 5.0).result() == []
+
+
 def test_future_then_and_errors():
     w = completed_work("noop", result=[1, 2])
     assert w.wait() and w.is_completed() and w.is_success() and w.result() == [1, 2]
@@ -421,3 +463,22 @@ def test_node_local_rank_rejects_a_garbled_local_rank(monkeypatch, raw):
 def test_node_local_rank_reads_local_rank(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", " 3 ")
     assert dist.get_node_local_rank() == 3
+
+
+def test_a_registered_engine_factory_must_build_an_engine():
+    """docs/architecture.md, "Write an engine": select_engine builds it and refuses anything else."""
+    from hpcdist.backends import Engine
+    from hpcdist.backends.selection import select_engine
+
+    class Partial(Engine):  # an engine lacking operations cannot be made (the ABC says which)
+        def barrier(self, sync=False):
+            return None
+
+    with pytest.raises(TypeError, match="abstract"):
+        Partial()
+    Backend.register_backend("notanengine", lambda pg, device_type: object(), devices="cpu")
+    with pytest.raises(TypeError, match=r"returned object, not an engine; subclass hpcdist.backends.Engine"):
+        select_engine(None, "notanengine", "cpu")
+    assert Backend.backend_capability["notanengine"] == ["cpu"] and parse_backend("notanengine") == {
+        "cpu": "notanengine"
+    }

@@ -15,6 +15,8 @@ import pytest
 
 import hpcdist
 from hpcdist.backends import parse_backend
+from hpcdist.backends.nccl.types import AVG_VERSION, NCCL_DTYPES, NCCL_OPS, nccl_reduction
+from hpcdist.backends.staged.pinned import PinnedPool, host_view, size_class
 from hpcdist.buffers.adapters import TORCH_DEVICE_ADAPTERS, adapt
 from hpcdist.gpu import cuda_aware as ca
 from hpcdist.gpu.device import (
@@ -23,8 +25,6 @@ from hpcdist.gpu.device import (
     physical_device,
     visible_devices,
 )
-from hpcdist.gpu.nccl_types import AVG_VERSION, NCCL_DTYPES, NCCL_OPS, nccl_reduction
-from hpcdist.gpu.staging import PinnedPool, host_view, size_class
 from hpcdist.ops import ReduceOp, resolve_op
 
 pytestmark = pytest.mark.timeout(60)
@@ -405,32 +405,34 @@ def test_cuda_array_on_a_group_without_cupy_fails_before_moving(world):
 
 
 def test_staging_decision_follows_the_override(world, monkeypatch):
-    from hpcdist.backends import mpi_cuda
-    from hpcdist.backends.mpi_cuda_staged import StagedEngine
+    from hpcdist.backends.cuda_aware import CudaAwareEngine
+    from hpcdist.backends.selection import select_engine
+    from hpcdist.backends.staged import StagedEngine
 
     pg = hpcdist.group.WORLD
     monkeypatch.setenv("HPCDIST_CUDA_AWARE", "0")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an explicit choice of staging does not warn
-        assert isinstance(mpi_cuda.cuda_engine(pg), StagedEngine)
+        assert isinstance(select_engine(pg, "mpi", "cuda"), StagedEngine)
     monkeypatch.setenv("HPCDIST_CUDA_AWARE", "1")
-    assert isinstance(mpi_cuda.cuda_engine(pg), mpi_cuda.CudaAwareEngine)
+    assert isinstance(select_engine(pg, "mpi", "cuda"), CudaAwareEngine)
 
 
 def test_staging_without_override_warns_once_with_the_fix(world, monkeypatch):
-    from hpcdist.backends import mpi_cuda
+    from hpcdist.backends import selection
+    from hpcdist.backends.staged import StagedEngine
 
     monkeypatch.delenv("HPCDIST_CUDA_AWARE", raising=False)
     if hpcdist.gpu.cuda_aware_mpi().enabled:
         pytest.skip("this MPI is CUDA-aware: nothing is staged")
-    monkeypatch.setattr(mpi_cuda, "_WARNED", [])
+    monkeypatch.setattr(selection, "_WARNED", [])
     pg = hpcdist.group.WORLD
     with pytest.warns(RuntimeWarning, match=r"not CUDA-aware.*HPCDIST_CUDA_AWARE"):
-        eng = mpi_cuda.cuda_engine(pg)
-    assert eng.path == "staged"
+        eng = selection.select_engine(pg, "mpi", "cuda")
+    assert isinstance(eng, StagedEngine)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        mpi_cuda.cuda_engine(pg)  # once per process
+        selection.select_engine(pg, "mpi", "cuda")  # once per process
 
 
 # ------------------------------------------------------------------ NCCL Work: event semantics with plain objects
@@ -450,7 +452,7 @@ class _Stream:
 
 
 def _event_work(event, result):
-    from hpcdist.gpu.work import CudaEventWork
+    from hpcdist.backends.nccl.work import CudaEventWork
 
     stream = _Stream()
 
@@ -479,6 +481,18 @@ def test_event_work_completes_with_its_event_and_drops_buffers():
     ev.done = True
     assert work.is_completed() and work._keep is None and work.is_success()
     assert work.get_future().value() == []
+
+
+def test_event_works_on_one_stream_combine_into_the_last_event():
+    from hpcdist.work import Work
+
+    first, last = _Event(), _Event()
+    (a, _), (b, _) = _event_work(first, "a"), _event_work(last, "b")
+    both = Work.combine([a, b], "all_gather_coalesced", 5.0)
+    assert both._event is last and both.result() == ["a", "b"]
+    assert not both.is_completed()
+    last.done = True
+    assert both.is_completed()
 
 
 # ---------------------------------------------------------------- the NCCL watchdog's bookkeeping
@@ -537,7 +551,7 @@ class _Engine:
 
 
 def _watchdog(clock):
-    from hpcdist.gpu.watchdog import NcclWatchdog
+    from hpcdist.backends.nccl.watchdog import NcclWatchdog
 
     wd = NcclWatchdog(_WEvent, clock=clock, bucket_s=0.001)
     wd._start = lambda: None  # the thread is not under test: check() is called by hand
@@ -616,7 +630,7 @@ def test_guard_process_ends_its_target_with_the_report_once_the_deadline_passes(
     import sys
     import time
 
-    from hpcdist.gpu.watchdog import Guard
+    from hpcdist.backends.nccl.watchdog import Guard
 
     target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     log = open(tmp_path / "guard.err", "w")  # noqa: SIM115
@@ -636,7 +650,7 @@ def test_guard_process_ends_its_target_with_the_report_once_the_deadline_passes(
 
 
 def test_guard_process_exits_when_its_watcher_closes_the_pipe():
-    from hpcdist.gpu.watchdog import Guard
+    from hpcdist.backends.nccl.watchdog import Guard
 
     guard = Guard(pid=2**22 + 12345)  # no such process: the guard must not need one until it fires
     guard.arm(None)

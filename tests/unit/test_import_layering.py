@@ -87,9 +87,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 
 
 #: (importer, imported) edges tolerated for now, each with its reason; keep it empty.
-#: buffers/__init__ registers the GPU adapters: issue #11's engine-seam change inverts it (gpu registers
-#: itself into buffers); delete these two entries when that change is merged.
-TOLERATED: set[tuple[str, str]] = {("hpcdist.buffers", "hpcdist.gpu"), ("hpcdist.buffers", "hpcdist.gpu.adapters")}
+TOLERATED: set[tuple[str, str]] = set()
 
 
 def modules(root: Path = ROOT) -> dict[str, tuple[Path, bool]]:

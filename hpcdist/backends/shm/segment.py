@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from ..._timed import timed_allgather_json, timed_bcast_json
-from ...errors import DistError, DistTimeoutError
+from ...errors import DistError, DistTimeoutError, describe_op
 from ...work import timeout_error
 
 __all__ = ["NSETS", "Segment"]
@@ -127,7 +127,7 @@ class Segment:
         ctrl = -(-_LINE * n // 4096) * 4096  # the data starts page-aligned
         self.set_bytes = n * self.slot_bytes
         total = ctrl + NSETS * self.set_bytes
-        self._map: mmap.mmap | None = _map_shared(comm, total, timeout_s, _desc(what))
+        self._map: mmap.mmap | None = _map_shared(comm, total, timeout_s, describe_op(what))
         self.mem = np.frombuffer(self._map, dtype=np.uint8, count=total)
         self._ctrl = memoryview(self._map)[:ctrl].cast("q")
         self.data = self.mem[ctrl:]
@@ -161,7 +161,7 @@ class Segment:
         """Barrier over the node communicator through the counters (see module docstring)."""
         if self.broken:
             raise DistTimeoutError(
-                f"{_desc(self.what)}: this group's shared-memory segment is out of step since an earlier timeout; "
+                f"{describe_op(self.what)}: this group's shared-memory segment is out of step since an earlier timeout; "
                 "create a new group (or set HPCDIST_SHM=0)"
             )
         fence = self._fence
@@ -247,7 +247,3 @@ def _map_shared(comm: Any, total: int, timeout_s: float, what: str) -> mmap.mmap
                 os.unlink(path)  # every rank has mapped it (or given up): the name is no longer needed
             except OSError:
                 pass
-
-
-def _desc(what: Any) -> str:
-    return what if isinstance(what, str) else f"{what[0]} on {what[1]!r}"

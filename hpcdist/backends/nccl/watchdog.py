@@ -43,6 +43,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ...errors import timeout_message
+
 __all__ = ["Guard", "NcclWatchdog", "nccl_watchdog"]
 
 _FREE_MAX = 64  # completed events kept for reuse
@@ -111,13 +113,11 @@ class Guard:
 
 
 def _timeout_report(what: Any, limit: float, how: str = "the job (MPI_Abort)") -> str:
-    desc = what if isinstance(what, str) else f"{what[0]} on {what[1]!r}"
-    return (
-        f"hpcdist.DistTimeoutError: {desc} (NCCL) did not complete on the GPU within {limit:g}s: "
-        f"a peer may have died, be stuck, or have called a different operation. Ending {how}, "
-        "as torch's NCCL watchdog does; raise the timeout with "
-        "init_process_group(timeout=...) if it is just slow, or set HPCDIST_NCCL_WATCHDOG=0.\n"
+    then = (
+        f". Ending {how}, as torch's NCCL watchdog does; raise the timeout with "
+        "init_process_group(timeout=...) if it is just slow, or set HPCDIST_NCCL_WATCHDOG=0."
     )
+    return f"hpcdist.DistTimeoutError: {timeout_message(what, limit, where=' (NCCL)', on=' on the GPU', then=then)}\n"
 
 
 class NcclWatchdog:
@@ -229,7 +229,7 @@ class NcclWatchdog:
                     guard.arm(oldest[0] + self.guard_grace_s, _timeout_report(oldest[1], oldest[2], how))
 
     def _fire(self, report: str) -> None:
-        from .._watchdog import abort_job
+        from ..._watchdog import abort_job
 
         with self._lock:
             engines = list(self._engines.values())

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..ops import RedOpType, ResolvedOp
+from ...ops import RedOpType, ResolvedOp
 
 __all__ = ["NCCL_BYTE", "NCCL_DTYPES", "NCCL_OPS", "NcclReduction", "nccl_reduction"]
 

@@ -7,12 +7,12 @@ current CUDA device. Freed by ``destroy_process_group``.
 
 Stream semantics (torch's): each operation is enqueued on the current stream
 of the library owning the arrays (torch's for torch tensors, CuPy's
-otherwise) and returns at once; its :class:`~hpcdist.gpu.work.CudaEventWork`
+otherwise) and returns at once; its :class:`~hpcdist.backends.nccl.work.CudaEventWork`
 holds an event recorded after it. ``wait()`` orders the caller's current
 stream after it without blocking the host; ``synchronize()`` blocks the host.
 
 What NCCL lacks raises before anything is enqueued
-(:mod:`hpcdist.gpu.nccl_types`): 16-bit integers, bitwise ops, complex
+(:mod:`hpcdist.backends.nccl.types`): 16-bit integers, bitwise ops, complex
 MIN/MAX/PRODUCT, receives from any source, host arrays (a group with
 ``backend="nccl"`` moves CUDA arrays only; ``"cpu:mpi,cuda:nccl"`` sends host
 arrays to MPI). ``barrier`` and the object collectives run over MPI. Data
@@ -29,17 +29,17 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from ..buffers.adapters import Buf
-from ..config import nccl_watchdog_enabled
-from ..errors import DistBackendError, DistTimeoutError
-from ..gpu import xp
-from ..gpu.nccl_types import NCCL_BYTE, NcclReduction, nccl_reduction
-from ..gpu.streams import _is_torch, check_devices, require_cupy, stream_for
-from ..gpu.watchdog import nccl_watchdog
-from ..gpu.work import CudaEventWork
-from ..ops import ResolvedOp
-from ..work import wait_requests
-from . import register_builtin
+from ...buffers.adapters import Buf, is_torch
+from ...config import nccl_watchdog_enabled
+from ...errors import DistBackendError, DistTimeoutError
+from ...gpu import xp
+from ...gpu.streams import check_devices, require_cupy, stream_for
+from ...ops import ResolvedOp
+from ...work import Work, wait_requests
+from ..engine import Engine
+from .types import NCCL_BYTE, NcclReduction, nccl_reduction
+from .watchdog import nccl_watchdog
+from .work import CudaEventWork
 
 __all__ = ["NCCLEngine", "available"]
 
@@ -155,10 +155,10 @@ class _Calling:
             raise DistBackendError(f"NCCL {self.name} on group {self.engine.pg.group_name!r} failed: {exc}") from exc
 
 
-class NCCLEngine:
+class NCCLEngine(Engine):
     """Runs one process group's CUDA-array operations through its NCCL communicator."""
 
-    path = "nccl"
+    batches_p2p = True
 
     def __init__(self, pg: Any, device_type: str = "cuda") -> None:
         if device_type != "cuda":
@@ -260,7 +260,7 @@ class NCCLEngine:
         event = cupy.cuda.Event(block=False, disable_timing=True)
         event.record(stream)
         return CudaEventWork(
-            event, keep, self.pg._timeout_s, (name, self.pg), result, self._device, _is_torch(ref.obj), source
+            event, keep, self.pg._timeout_s, (name, self.pg), result, self._device, is_torch(ref.obj), source
         )
 
     def _plan(self, dtype: str, rop: ResolvedOp) -> NcclReduction:
@@ -281,11 +281,9 @@ class NCCLEngine:
 
     def barrier(self, sync: bool = False) -> Any:
         """An MPI barrier after this rank's queued GPU work finished (torch's NCCL barrier blocks the host too)."""
-        from ..gpu.streams import require_cupy
-
         require_cupy("barrier on an NCCL group").cuda.Device().synchronize()  # every stream of this GPU
         if self._host is None:
-            from .mpi import MPIEngine
+            from ..mpi import MPIEngine
 
             self._host = MPIEngine(self.pg, "cpu")
         return self._host.barrier(sync=sync)
@@ -512,7 +510,7 @@ class NCCLEngine:
             _writeback([buf])
         return self._end(s, buf, buf, "recv", buf.obj, self.pg._ranks[src])
 
-    def batch_p2p(self, ops: list[tuple[bool, Buf, int, int]]) -> list[CudaEventWork]:
+    def batch_p2p(self, ops: list[tuple[bool, Buf, int, int]]) -> list[Work]:
         """``(is_send, buf, group peer, tag)`` as one NCCL group (what batch_isend_irecv needs)."""
         for is_send, _buf, peer, _tag in ops:
             if not is_send:
@@ -539,10 +537,3 @@ class NCCLEngine:
             )
             for is_send, b, peer, _ in ops
         ]
-
-
-def _factory(pg: Any, device_type: str) -> NCCLEngine:
-    return NCCLEngine(pg, device_type)
-
-
-register_builtin("nccl", _factory, ("cuda",))

@@ -5,7 +5,7 @@ For each operation: the arrays MPI reads are copied device -> pinned host
 the operation on host :class:`~hpcdist.buffers.adapters.Buf` views of the
 blocks, and the Work's completion step copies what MPI wrote back to the
 device, synchronizes, runs the user's writebacks and returns the blocks to
-the pool (:mod:`hpcdist.gpu.staging`), which reuses them across calls. A
+the pool (:mod:`hpcdist.backends.staged.pinned`), which reuses them across calls. A
 completed Work means the data is in the user's device arrays. Blocks of an
 operation that timed out are not reused (MPI may still write into them).
 """
@@ -15,12 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..buffers.adapters import Buf
-from ..gpu.staging import PinnedPool, host_view, pinned_pool
-from ..gpu.streams import check_devices, require_cupy, stream_for, synchronize
-from ..ops import ResolvedOp
-from ..work import Work
-from .mpi import MPIEngine
+from ...buffers.adapters import Buf
+from ...gpu.streams import check_devices, require_cupy, stream_for, synchronize
+from ...ops import ResolvedOp
+from ...work import Work
+from ..engine import Engine
+from ..mpi import MPIEngine
+from .pinned import PinnedPool, host_view, pinned_pool
 
 __all__ = ["StagedEngine"]
 
@@ -89,10 +90,8 @@ def _writeback(writes: list[Buf]) -> None:
             stream_for(b).synchronize()  # complete means in place, for readers on any stream too
 
 
-class StagedEngine:
+class StagedEngine(Engine):
     """The MPI engine's operations on device arrays, through pinned host copies."""
-
-    path = "staged"
 
     def __init__(self, pg: Any, device_type: str = "cuda", pool: PinnedPool | None = None) -> None:
         self.pg = pg
@@ -137,21 +136,15 @@ class StagedEngine:
         except BaseException:
             st.release()
             raise
-        reqs, inner._reqs = inner._reqs, ()
 
-        def post() -> None:
+        def back() -> None:  # after the host operation finished (if it failed, its blocks are dropped, not reused)
             try:
-                inner._finish()
-                if inner._source >= 0:
-                    outer._source = inner._source
                 st.copy(writes, to_host=False)
             finally:
                 st.release()
             _writeback(writes)
 
-        outer = Work(reqs, post, (inner, st), self.pg._timeout_s, (name, self.pg), inner._result, inner._on_timeout)
-        outer._status = inner._status
-        return outer
+        return inner.chain(back, name=(name, self.pg))
 
     def _quarantine(self, st: _Staging) -> None:
         """Keep the blocks of a failed blocking call alive and out of the pool: MPI may still write into them."""

@@ -11,12 +11,13 @@ without blocking the host; ``is_completed()`` queries the event;
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from ..errors import DistTimeoutError
-from ..work import Work, _as_list
-from .streams import require_cupy
+from ...errors import TIMEOUT_FIX, DistTimeoutError, timeout_message
+from ...gpu.streams import require_cupy
+from ...work import Work, _as_list
 
 __all__ = ["CudaEventWork"]
 
@@ -43,14 +44,18 @@ class CudaEventWork(Work):
         self._torch = torch_stream
         self._source = source
 
-    def joined(self, parts: list[CudaEventWork], name: Any) -> CudaEventWork:
-        """One Work for ``parts`` (this one last, all on one stream): this event covers them all.
+    @classmethod
+    def combine(cls, works: Sequence[Work], name: Any, timeout_s: float) -> Work:
+        """NCCL parts enqueued on one stream (all torch's or all CuPy's): the last part's event covers them all.
 
-        Its result is the list of the parts' results, as for MPI's combined Work.
+        Its result is the list of the parts' results, as for every combined
+        Work; parts of both libraries' streams combine as any Works do.
         """
-        return CudaEventWork(
-            self._event, parts, self._timeout_s, name, [p._result for p in parts], self._index, self._torch
-        )
+        parts = [w for w in works if isinstance(w, CudaEventWork)]
+        if len(parts) != len(works) or len({p._torch for p in parts}) != 1:
+            return Work._merged(works, name, timeout_s)
+        last = parts[-1]
+        return type(last)(last._event, parts, timeout_s, name, [p._result for p in parts], last._index, last._torch)
 
     def _current_stream(self) -> Any:
         cupy = require_cupy()
@@ -86,11 +91,8 @@ class CudaEventWork(Work):
         delay = 0.00002
         while not self._event.done:
             if time.monotonic() >= deadline:
-                name = self._name
-                desc = name if isinstance(name, str) else f"{name[0]} on {name[1]!r}"
                 exc = DistTimeoutError(
-                    f"{desc} (NCCL) did not complete on the GPU within {limit:g}s: a peer may have died or called "
-                    "a different operation; raise the timeout with init_process_group(timeout=...) if it is just slow"
+                    timeout_message(self._name, limit, where=" (NCCL)", on=" on the GPU", then="; " + TIMEOUT_FIX)
                 )
                 self._exc = exc
                 raise exc
@@ -109,7 +111,7 @@ class CudaEventWork(Work):
             return True
         return False
 
-    def _finish(self) -> None:  # collectives.combine() finishes its parts this way
+    def _finish(self) -> None:  # Work.combine() finishes its parts this way
         self.wait()
 
     def __repr__(self) -> str:

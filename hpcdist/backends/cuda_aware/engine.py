@@ -1,12 +1,12 @@
-"""MPI for device arrays: CUDA-aware (device pointers to MPI) or staged (pinned host copies).
+"""Device arrays over a CUDA-aware MPI: device pointers handed to MPI.
 
-:func:`cuda_engine` is what the ``mpi`` backend builds for ``device_type
-"cuda"``: :class:`CudaAwareEngine` when :func:`hpcdist.gpu.cuda_aware_mpi`
-says so, else :class:`~hpcdist.backends.mpi_cuda_staged.StagedEngine`
-(warning once, with how to enable CUDA-aware MPI). The choice is made when a
-group first moves device arrays.
+The ``mpi`` backend builds :class:`CudaAwareEngine` for ``device_type
+"cuda"`` when :func:`hpcdist.gpu.cuda_aware_mpi` says so, else the staged
+engine (:mod:`hpcdist.backends.staged`); the choice is made in
+:func:`hpcdist.backends.selection.select_engine` when a group first moves
+device arrays.
 
-CUDA-aware path: the arrays' streams are synchronized before MPI touches the
+The arrays' streams are synchronized before MPI touches the
 memory (MPI does not know CUDA streams); device-side work around MPI (packing,
 half-float widening, PREMUL_SUM, AVG, unpacking) runs on the array's stream
 and is synchronized before MPI reads it and before the Work completes. A
@@ -15,56 +15,27 @@ completed Work means the data is in the user's arrays.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
-import numpy as np
+from ...buffers.adapters import Buf
+from ...buffers.dtypes import HALF_DTYPES, mpi_datatype
+from ...buffers.packing import displacements
+from ...gpu import xp
+from ...gpu.streams import check_devices, streams_of, synchronize
+from ...ops import ResolvedOp
+from ...work import Work
+from ..engine import Engine
+from ..mpi.engine import MPIEngine, _mpi_op, _msg
 
-from ..buffers.adapters import Buf
-from ..buffers.dtypes import HALF_DTYPES, mpi_datatype
-from ..gpu import xp
-from ..gpu.cuda_aware import CudaAwareness, cuda_aware_mpi
-from ..gpu.streams import check_devices, streams_of, synchronize
-from ..ops import ResolvedOp
-from ..work import Work
-from .mpi import MPIEngine, _mpi_op, _msg
-
-__all__ = ["CudaAwareEngine", "cuda_engine", "staging_warning"]
-
-_WARNED: list[bool] = []
-
-
-def staging_warning(why: CudaAwareness) -> str:
-    return (
-        f"hpcdist: this MPI is not CUDA-aware ({why.reason}), so device arrays are copied through pinned host "
-        "memory on every call. For direct GPU transfers use a CUDA-aware MPI (Open MPI or MPICH built with CUDA/UCX, "
-        "MVAPICH2-GDR with MV2_USE_CUDA=1, Cray MPICH with MPICH_GPU_SUPPORT_ENABLED=1) and mpi4py built against it, "
-        "or backend='cpu:mpi,cuda:nccl'. HPCDIST_CUDA_AWARE=1 forces the direct path; HPCDIST_CUDA_AWARE=0 chooses "
-        "staging and silences this warning."
-    )
-
-
-def cuda_engine(pg: Any, device_type: str = "cuda") -> Any:
-    """The engine moving ``pg``'s device arrays over MPI (see module docstring)."""
-    aware = cuda_aware_mpi()
-    if aware.enabled:
-        return CudaAwareEngine(pg, device_type)
-    if aware.source != "override" and not _WARNED:
-        _WARNED.append(True)
-        warnings.warn(staging_warning(aware), RuntimeWarning, stacklevel=4)
-    from .mpi_cuda_staged import StagedEngine
-
-    return StagedEngine(pg, device_type)
+__all__ = ["CudaAwareEngine"]
 
 
 def _counts_displs(counts: list[int]) -> tuple[list[int], list[int]]:
-    return counts, np.cumsum([0, *counts[:-1]]).tolist()
+    return counts, displacements(counts)
 
 
-class CudaAwareEngine:
+class CudaAwareEngine(Engine):
     """The MPI engine's operations with CUDA device buffers handed to a CUDA-aware MPI."""
-
-    path = "cuda-aware"
 
     def __init__(self, pg: Any, device_type: str = "cuda") -> None:
         self.pg = pg
@@ -90,19 +61,8 @@ class CudaAwareEngine:
         return Work(reqs, finish, keep, self.pg._timeout_s, (name, self.pg), result)
 
     def _wrap(self, inner: Any, streams: list[Any], name: str) -> Work:
-        """A host-engine Work on device buffers, whose completion also syncs the streams."""
-        reqs, inner._reqs = inner._reqs, ()
-
-        def post() -> None:
-            with streams[0]:
-                inner._finish()
-            synchronize(streams)
-            if inner._source >= 0:
-                outer._source = inner._source
-
-        outer = Work(reqs, post, inner, self.pg._timeout_s, (name, self.pg), inner._result, inner._on_timeout)
-        outer._status = inner._status
-        return outer
+        """A host-engine Work on device buffers: its finishing step runs on the array's stream, then the streams sync."""
+        return inner.chain(lambda: synchronize(streams), within=streams[0], name=(name, self.pg))
 
     def _size(self) -> int:
         return int(self.comm.Get_size())

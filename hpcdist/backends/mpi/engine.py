@@ -17,21 +17,23 @@ from typing import Any
 
 import numpy as np
 
-from .._watchdog import WATCHDOG
-from ..buffers.adapters import Buf
-from ..buffers.dtypes import HALF_DTYPES, mpi_datatype
-from ..buffers.packing import pack as _pack
-from ..buffers.packing import unpack as _unpack
-from ..buffers.reduction import finish_reduce, premultiply, prepare, widen
-from ..ops import ResolvedOp
-from ..work import ProbedRecv, Work, timeout_error, wait_requests
-from . import register_builtin
+from ..._watchdog import WATCHDOG
+from ...buffers.adapters import Buf
+from ...buffers.dtypes import HALF_DTYPES, mpi_datatype
+from ...buffers.packing import displacements as _displs
+from ...buffers.packing import pack as _pack
+from ...buffers.packing import unpack as _unpack
+from ...buffers.reduction import finish_reduce, premultiply, prepare, widen
+from ...ops import ResolvedOp
+from ...work import ProbedRecv, Work, timeout_error, wait_requests
+from ..engine import Engine
 
 __all__ = ["MPIEngine"]
 
 # This module is imported when the first engine is built, after MPI started.
 from mpi4py import MPI
 
+_watched = WATCHDOG.call
 _IN_PLACE = MPI.IN_PLACE
 _ANY_SOURCE = MPI.ANY_SOURCE
 _OPS: dict[str, Any] = {}
@@ -42,6 +44,17 @@ def _mpi_op(name: str) -> Any:
     if op is None:
         op = _OPS[name] = getattr(MPI, name)
     return op
+
+
+#: a Buf's dtype name -> its MPI datatype, for the arrays whose name is their NumPy dtype's (not half floats)
+_BY_NAME: dict[str, Any] = {}
+
+
+def _by_name(buf: Buf) -> Any:
+    mt = mpi_datatype(buf.arr.dtype)
+    if buf.arr.dtype.name == buf.dtype:
+        _BY_NAME[buf.dtype] = mt
+    return mt
 
 
 def _msg(arr: Any) -> list[Any]:
@@ -60,7 +73,7 @@ def _reduce_type(arr: np.ndarray) -> Any:
     return mpi_datatype(arr.dtype)
 
 
-class MPIEngine:
+class MPIEngine(Engine):
     """Runs the operations of one process group over its MPI communicator.
 
     Every operation method takes ``sync``: True when the caller will wait
@@ -74,64 +87,94 @@ class MPIEngine:
         self.comm = pg._comm
         self.device_type = device_type
         self.block = bool(getattr(pg, "_block", False))
+        self._routines: dict[str, tuple[Any, Any]] = {}  # "Allreduce" -> (comm.Iallreduce, comm.Allreduce)
 
     # -- the one template --------------------------------------------------
 
     def _run(
-        self, sync: bool, nb: Any, blk: Any, args: tuple, post: Any, keep: Any, name: str, result: Any = None
+        self,
+        routine: str,
+        args: tuple,
+        *,
+        sync: bool,
+        name: str,
+        post: Any = None,
+        keep: Any = None,
+        result: Any = None,
     ) -> Work | None:
-        """Start ``nb(*args)`` and wrap it in a Work; or, sync in block mode, run ``blk(*args)``."""
+        """Run MPI ``routine`` (e.g. ``"Allreduce"``) on ``args``: non-blocking, or blocking when ``sync``.
+
+        Args:
+            routine: the blocking routine's name in mpi4py (``"Allreduce"``); ``"I" + "allreduce"`` starts it.
+            args: the routine's arguments (the same for both forms).
+            sync: the caller waits right away (``async_op=False``): in block mode the blocking
+                routine runs under the watchdog; in poll mode the non-blocking one is polled.
+            name: the operation's name in errors and in the watchdog.
+            post: what to run once the operation completed (copies back, AVG scaling); None: nothing.
+            keep: what must live until then (the buffers MPI reads or writes).
+            result: the output arrays, :meth:`Work.result`.
+
+        Returns:
+            None when ``sync`` (the operation completed), else the Work that completes it.
+        """
+        start, block = self._routines.get(routine) or self._resolve(routine)
         pg = self.pg
         if not sync:
-            return Work([nb(*args)], post, keep, pg._timeout_s, (name, pg), result)
-        lock = pg._call_lock
-        if not lock.acquire(False):
-            raise pg.busy_error(name)
-        try:
-            if self.block:
-                WATCHDOG.arm(pg._timeout_s, (name, pg))
-                try:
-                    blk(*args)
-                finally:
-                    WATCHDOG.disarm()
-            else:  # poll inline: no Work object on the blocking path
-                req = nb(*args)
+            return Work([start(*args)], post, keep, pg._timeout_s, (name, pg), result)
+        if self.block:
+            self._blocking(name, block, args)
+        else:  # poll inline: no Work object on the blocking path
+            lock = pg._call_lock
+            if not lock.acquire(False):
+                raise pg.busy_error(name)
+            try:
+                req = start(*args)
                 if not req.Test() and not wait_requests([req], pg._timeout_s):
                     raise timeout_error((name, pg), pg._timeout_s)
-        finally:
-            lock.release()
+            finally:
+                lock.release()
         if post is not None:
             post()
         return None
 
+    def _resolve(self, routine: str) -> tuple[Any, Any]:
+        """The communicator's (non-blocking, blocking) methods for ``routine``, looked up once."""
+        c = self.comm
+        pair = self._routines[routine] = (getattr(c, "I" + routine[0].lower() + routine[1:]), getattr(c, routine))
+        return pair
+
+    def _blocking(self, name: str, block: Any, args: tuple) -> None:
+        """``block(*args)`` under the group's call lock and the watchdog (``HPCDIST_WAIT=block``)."""
+        pg = self.pg
+        lock = pg._call_lock
+        if not lock.acquire(False):
+            raise pg.busy_error(name)
+        try:
+            _watched(pg._timeout_s, (name, pg), block, args)
+        finally:
+            lock.release()
+
     # -- collectives ---------------------------------------------------------
 
     def barrier(self, sync: bool = False) -> Work | None:
-        return self._run(sync, self.comm.Ibarrier, self.comm.Barrier, (), None, None, "barrier")
+        return self._run("Barrier", (), sync=sync, name="barrier")
 
     def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work | None:
         post = buf.writeback if self.comm.Get_rank() != root else None
-        c = self.comm
-        return self._run(sync, c.Ibcast, c.Bcast, (_msg(buf.arr), root), post, buf, "broadcast", buf.obj)
+        return self._run(
+            "Bcast", (_msg(buf.arr), root), sync=sync, name="broadcast", post=post, keep=buf, result=buf.obj
+        )
 
     def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
         c = self.comm
         if rop.plain and buf.writeback is None and buf.dtype not in HALF_DTYPES:
             arr = buf.arr
-            args = (_IN_PLACE, [arr, mpi_datatype(arr.dtype)], _OPS.get(rop.mpi_name) or _mpi_op(rop.mpi_name))
-            if sync and self.block:  # the hot path, inlined
-                pg = self.pg
-                lock = pg._call_lock
-                if not lock.acquire(False):
-                    raise pg.busy_error("all_reduce")
-                WATCHDOG.arm(pg._timeout_s, ("all_reduce", pg))
-                try:
-                    c.Allreduce(*args)
-                finally:
-                    WATCHDOG.disarm()
-                    lock.release()
+            mt = _BY_NAME.get(buf.dtype) or _by_name(buf)
+            args = (_IN_PLACE, [arr, mt], _OPS.get(rop.mpi_name) or _mpi_op(rop.mpi_name))
+            if sync and self.block:  # the hot path: no post-step, nothing to keep
+                self._blocking("all_reduce", c.Allreduce, args)
                 return None
-            return self._run(sync, c.Iallreduce, c.Allreduce, args, None, buf, "all_reduce", buf.obj)
+            return self._run("Allreduce", args, sync=sync, name="all_reduce", keep=buf, result=buf.obj)
         work = prepare(buf, rop, copy=False)
         size = c.Get_size()
 
@@ -139,7 +182,7 @@ class MPIEngine:
             finish_reduce(buf, work, rop, size)
 
         args = (_IN_PLACE, [work, _reduce_type(work)], _mpi_op(rop.mpi_name))
-        return self._run(sync, c.Iallreduce, c.Allreduce, args, post, (buf, work), "all_reduce", buf.obj)
+        return self._run("Allreduce", args, sync=sync, name="all_reduce", post=post, keep=(buf, work), result=buf.obj)
 
     def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work | None:
         c = self.comm
@@ -152,13 +195,12 @@ class MPIEngine:
                 finish_reduce(buf, work, rop, size)
 
             args: tuple = (_IN_PLACE, [work, _reduce_type(work)], op, root)
-            return self._run(sync, c.Ireduce, c.Reduce, args, post, (buf, work), "reduce", buf.obj)
+            return self._run("Reduce", args, sync=sync, post=post, keep=(buf, work), name="reduce", result=buf.obj)
         args = ([work, _reduce_type(work)], None, op, root)
-        return self._run(sync, c.Ireduce, c.Reduce, args, None, (buf, work), "reduce", buf.obj)
+        return self._run("Reduce", args, sync=sync, keep=(buf, work), name="reduce", result=buf.obj)
 
     def all_gather(self, outs: list[Buf], inp: Buf, sync: bool = False) -> Work | None:
         """Gather ``inp`` of every rank into ``outs[r]`` (sizes may differ by rank)."""
-        c = self.comm
         counts = [o.arr.size for o in outs]
         dtype = inp.arr.dtype
         tmp = np.empty(sum(counts), dtype=dtype)
@@ -170,9 +212,9 @@ class MPIEngine:
         keep, res = (outs, inp, tmp), [o.obj for o in outs]
         if all(x == counts[0] for x in counts):
             args: tuple = (_msg(inp.arr), [tmp, mt])
-            return self._run(sync, c.Iallgather, c.Allgather, args, post, keep, "all_gather", res)
+            return self._run("Allgather", args, sync=sync, post=post, keep=keep, name="all_gather", result=res)
         args = (_msg(inp.arr), [tmp, (counts, _displs(counts)), mt])
-        return self._run(sync, c.Iallgatherv, c.Allgatherv, args, post, keep, "all_gather", res)
+        return self._run("Allgatherv", args, sync=sync, post=post, keep=keep, name="all_gather", result=res)
 
     def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work | None:
         c = self.comm
@@ -180,13 +222,18 @@ class MPIEngine:
         send = _IN_PLACE if _is_own_slot(out.arr, inp.arr, c.Get_rank()) else _msg(inp.arr)
         args = (send, _msg(out.arr))
         return self._run(
-            sync, c.Iallgather, c.Allgather, args, out.writeback, (out, inp), "all_gather_into_tensor", out.obj
+            "Allgather",
+            args,
+            sync=sync,
+            post=out.writeback,
+            keep=(out, inp),
+            name="all_gather_into_tensor",
+            result=out.obj,
         )
 
     def gather(self, inp: Buf, outs: list[Buf] | None, root: int, sync: bool = False) -> Work | None:
-        c = self.comm
         if outs is None:
-            return self._run(sync, c.Igatherv, c.Gatherv, (_msg(inp.arr), None, root), None, inp, "gather")
+            return self._run("Gatherv", (_msg(inp.arr), None, root), sync=sync, keep=inp, name="gather")
         counts = [o.arr.size for o in outs]
         tmp = np.empty(sum(counts), dtype=inp.arr.dtype)
 
@@ -194,10 +241,11 @@ class MPIEngine:
             _unpack(tmp, outs)
 
         args = (_msg(inp.arr), [tmp, (counts, _displs(counts)), mpi_datatype(inp.arr.dtype)], root)
-        return self._run(sync, c.Igatherv, c.Gatherv, args, post, (inp, outs, tmp), "gather", [o.obj for o in outs])
+        return self._run(
+            "Gatherv", args, sync=sync, post=post, keep=(inp, outs, tmp), name="gather", result=[o.obj for o in outs]
+        )
 
     def scatter(self, out: Buf, ins: list[Buf] | None, root: int, sync: bool = False) -> Work | None:
-        c = self.comm
         if ins is None:
             args: tuple = (None, _msg(out.arr), root)
             keep: Any = out
@@ -206,7 +254,7 @@ class MPIEngine:
             counts = [b.arr.size for b in ins]
             args = ([tmp, (counts, _displs(counts)), mpi_datatype(out.arr.dtype)], _msg(out.arr), root)
             keep = (out, ins, tmp)
-        return self._run(sync, c.Iscatterv, c.Scatterv, args, out.writeback, keep, "scatter", out.obj)
+        return self._run("Scatterv", args, sync=sync, post=out.writeback, keep=keep, name="scatter", result=out.obj)
 
     def reduce_scatter(self, out: Buf, ins: list[Buf], rop: ResolvedOp, sync: bool = False) -> Work | None:
         c = self.comm
@@ -223,7 +271,13 @@ class MPIEngine:
 
         args = (_msg(send), [recv, mpi_datatype(recv.dtype)], counts, _mpi_op(rop.mpi_name))
         return self._run(
-            sync, c.Ireduce_scatter, c.Reduce_scatter, args, post, (out, ins, send, recv), "reduce_scatter", out.obj
+            "Reduce_scatter",
+            args,
+            sync=sync,
+            post=post,
+            keep=(out, ins, send, recv),
+            name="reduce_scatter",
+            result=out.obj,
         )
 
     def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
@@ -238,18 +292,16 @@ class MPIEngine:
 
         args = (_msg(send), [recv, mpi_datatype(recv.dtype)], _mpi_op(rop.mpi_name))
         return self._run(
-            sync,
-            c.Ireduce_scatter_block,
-            c.Reduce_scatter_block,
+            "Reduce_scatter_block",
             args,
-            post,
-            (out, inp, send, recv),
-            "reduce_scatter_tensor",
-            out.obj,
+            sync=sync,
+            post=post,
+            keep=(out, inp, send, recv),
+            name="reduce_scatter_tensor",
+            result=out.obj,
         )
 
     def all_to_all(self, outs: list[Buf], ins: list[Buf], sync: bool = False) -> Work | None:
-        c = self.comm
         dtype = ins[0].arr.dtype
         mt = mpi_datatype(dtype)
         scounts = [b.arr.size for b in ins]
@@ -262,16 +314,23 @@ class MPIEngine:
 
         args = ([send, (scounts, _displs(scounts)), mt], [recv, (rcounts, _displs(rcounts)), mt])
         return self._run(
-            sync, c.Ialltoallv, c.Alltoallv, args, post, (outs, ins, send, recv), "all_to_all", [o.obj for o in outs]
+            "Alltoallv",
+            args,
+            sync=sync,
+            post=post,
+            keep=(outs, ins, send, recv),
+            name="all_to_all",
+            result=[o.obj for o in outs],
         )
 
     def all_to_all_single(
         self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int], sync: bool = False
     ) -> Work | None:
-        c = self.comm
         mt = mpi_datatype(inp.arr.dtype)
         args = ([inp.arr, (scounts, _displs(scounts)), mt], [out.arr, (rcounts, _displs(rcounts)), mt])
-        return self._run(sync, c.Ialltoallv, c.Alltoallv, args, out.writeback, (out, inp), "all_to_all_single", out.obj)
+        return self._run(
+            "Alltoallv", args, sync=sync, post=out.writeback, keep=(out, inp), name="all_to_all_single", result=out.obj
+        )
 
     # -- point to point (always non-blocking: receives honour the timeout and can be cancelled) --
 
@@ -332,26 +391,3 @@ class MPIEngine:
         work = Work([req], post, buf, pg._timeout_s, ("recv", pg), buf.obj, on_timeout)
         work._status = status
         return work
-
-
-def _displs(counts: list[int]) -> list[int]:
-    out, pos = [], 0
-    for n in counts:
-        out.append(pos)
-        pos += n
-    return out
-
-
-def _factory(pg: Any, device_type: str) -> Any:
-    if device_type == "cuda":  # CUDA-aware or staged: hpcdist.backends.mpi_cuda decides
-        from .mpi_cuda import cuda_engine
-
-        return cuda_engine(pg, device_type)
-    from .hierarchical import hierarchical_or_none
-    from .shm import host_engine  # shared memory on a node where it wins (HPCDIST_SHM), else this MPIEngine
-
-    return hierarchical_or_none(pg, device_type) or host_engine(pg, device_type)
-
-
-register_builtin("mpi", _factory, ("cpu", "cuda"))
-register_builtin("gloo", _factory, ("cpu", "cuda"))

@@ -1,0 +1,137 @@
+"""What each step of a blocking 8-byte ``hpcdist.all_reduce`` costs, beside the raw MPI call.
+
+Run:  mpiexec -n 2 python examples/benchmarks/profile_hot_path.py [--iters N] [--rounds R]
+
+It times, on a float64 array of one element (SUM, ``HPCDIST_WAIT=block``):
+
+* each step of the call on its own, in a loop without any message (group
+  resolution, the array adapter for a NumPy array and for a torch CPU
+  tensor, op resolution, the engine lookup, the flight-recorder and DETAIL
+  checks, the call lock, arming and disarming the watchdog, building the
+  MPI arguments);
+* raw mpi4py ``Allreduce(IN_PLACE, [a, DOUBLE], SUM)`` on a Dup of COMM_WORLD;
+* the whole ``hpcdist.all_reduce`` on the NumPy array and on the torch tensor.
+
+Each is the best of ``--rounds`` rounds of ``--iters`` calls (many short
+rounds take most of the noise of a shared machine out). Rank 0 prints a
+Markdown table: ns per call of each step, their sum (without the engine's
+whole all_reduce, which contains the lock, the watchdog and the MPI
+arguments), and the measured added time (whole call - raw call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import time
+from collections.abc import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+import hpcdist as dist
+from hpcdist._watchdog import WATCHDOG
+from hpcdist.buffers.adapters import adapt
+from hpcdist.buffers.dtypes import mpi_datatype
+from hpcdist.debug import DETAIL
+from hpcdist.group import resolve_group
+from hpcdist.ops import ReduceOp, resolve_op
+
+
+def _best(fn: Callable[[], object], iters: int, rounds: int, comm: MPI.Intracomm) -> float:
+    """ns per call: the best round on this rank, the slowest rank's best."""
+    best = float("inf")
+    for _ in range(rounds):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / iters)
+    return float(comm.allreduce(best, op=MPI.MAX)) * 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iters", type=int, default=500)
+    ap.add_argument("--rounds", type=int, default=200)
+    args = ap.parse_args()
+    os.environ["HPCDIST_WAIT"] = "block"
+    dist.init_process_group("mpi")
+    pg = dist.new_group()
+    raw = MPI.COMM_WORLD.Dup()
+    a = np.ones(1)
+    try:
+        import torch
+
+        t: object = torch.ones(1, dtype=torch.float64)
+    except ImportError:
+        t = None
+    SUM = ReduceOp.SUM
+    eng = pg.engine("cpu")
+    buf, rop = adapt(a, "tensor", True), resolve_op(ReduceOp.SUM, "float64")
+    lock = pg._call_lock
+    in_place, dt, op = MPI.IN_PLACE, MPI.DOUBLE, MPI.SUM
+    what = ("all_reduce", pg)
+    dist.all_reduce(a, group=pg)  # build the engine, warm the caches
+
+    def noop() -> None:
+        pass
+
+    def watchdog() -> None:
+        WATCHDOG.call(60.0, what, noop, ())
+
+    def call_lock() -> None:
+        lock.acquire(False)
+        lock.release()
+
+    def flight_detail() -> None:
+        fr = pg._flight
+        if fr is not None:
+            fr.coll("all_reduce", "float64", 1, -1)
+        if DETAIL[0]:
+            raise AssertionError
+
+    steps: list[tuple[str, Callable[[], object]]] = [
+        ("resolve_group (group= a ProcessGroup)", lambda: resolve_group(pg, "all_reduce")),
+        ("adapt (NumPy array)", lambda: adapt(a, "tensor", True)),
+        ("resolve_op (SUM, float64)", lambda: resolve_op(SUM, "float64")),
+        ("engine lookup (pg.engine('cpu'))", lambda: pg.engine("cpu")),
+        ("flight recorder + DETAIL checks", flight_detail),
+        ("call lock acquire + release", call_lock),
+        ("watchdog: arm, call a no-op, disarm", watchdog),
+        ("MPI arguments ([a, datatype], op)", lambda: (in_place, [a, mpi_datatype(a.dtype)], op)),
+        ("the engine's all_reduce (lock, watchdog, MPI call)", lambda: eng.all_reduce(buf, rop, True)),
+    ]
+    if t is not None:
+        steps.insert(2, ("adapt (torch CPU tensor)", lambda: adapt(t, "tensor", True)))
+    rows = [(name, _best(fn, args.iters, args.rounds, raw)) for name, fn in steps]
+    raw_ns = _best(lambda: raw.Allreduce(in_place, [a, dt], op), args.iters, args.rounds, raw)
+    np_ns = _best(lambda: dist.all_reduce(a, group=pg), args.iters, args.rounds, raw)
+    torch_ns = _best(lambda: dist.all_reduce(t, group=pg), args.iters, args.rounds, raw) if t is not None else None
+    if raw.Get_rank() == 0:
+        print(f"# one blocking 8-byte all_reduce (float64, SUM), {raw.Get_size()} ranks, HPCDIST_WAIT=block")
+        print(
+            f"# best of {args.rounds} rounds of {args.iters} calls; {MPI.Get_library_version().splitlines()[0].strip()}; "
+            f"mpi4py {__import__('mpi4py').__version__}; hpcdist {dist.__version__}; host {socket.gethostname()}, "
+            f"{os.cpu_count()} cpus; load average {os.getloadavg()[0]:.2f}"
+        )
+        print("| step | ns per call |")
+        print("|---|---|")
+        numpy_steps = [ns for name, ns in rows if "torch" not in name and "engine's" not in name]
+        for name, ns in rows:
+            print(f"| {name} | {ns:.0f} |")
+        print(f"| **sum of the steps (NumPy)** | **{sum(numpy_steps):.0f}** |")
+        print(f"| raw mpi4py `Allreduce` | {raw_ns:.0f} |")
+        print(f"| `hpcdist.all_reduce` (NumPy) | {np_ns:.0f} |")
+        print(f"| added by hpcdist (NumPy) | {np_ns - raw_ns:.0f} |")
+        print(f"| raw / hpcdist (NumPy) | {raw_ns / np_ns:.2f} |")
+        if torch_ns is not None:
+            print(f"| `hpcdist.all_reduce` (torch CPU tensor) | {torch_ns:.0f} |")
+            print(f"| added by hpcdist (torch) | {torch_ns - raw_ns:.0f} |")
+            print(f"| raw / hpcdist (torch) | {raw_ns / torch_ns:.2f} |")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
