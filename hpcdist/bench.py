@@ -267,7 +267,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         for v, fn in calls.items():
                             best[v] = min(best[v], _time(fn, iters, raw))
                     path = groups["hpcdist"].engine("cpu")
-                    route = path.path(op, nbytes) if hasattr(path, "path") else "mpi"
+                    route = path.path(op, nbytes)
                     for v, t in best.items():
                         factor = BUS[op](k)
                         rows.append(

@@ -270,6 +270,31 @@ class Work:
         return outer
 
     @classmethod
+    def receive(
+        cls,
+        req: Any,
+        status: Any,
+        ranks: Sequence[int],
+        post: Callable[[], Any] | None,
+        keep: Any,
+        timeout_s: float,
+        name: Any,
+        result: Any = None,
+        on_timeout: Callable[[], None] | None = None,
+    ) -> Work:
+        """The Work of one receive: ``req`` fills ``status``; :meth:`source_rank` is then
+        ``ranks[status.Get_source()]`` (``ranks``: the group's global ranks), set before ``post`` runs."""
+        work: Work
+
+        def finish() -> Any:
+            work._source = ranks[status.Get_source()]
+            return post() if post is not None else None
+
+        work = cls([req], finish, keep, timeout_s, name, result, on_timeout)
+        work._status = status
+        return work
+
+    @classmethod
     def combine(cls, works: Sequence[Work], name: Any, timeout_s: float) -> Work:
         """One Work over several started operations: it completes when all did, finishing each in order.
 

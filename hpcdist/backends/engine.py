@@ -26,6 +26,11 @@ Capabilities are class attributes, read directly (never probed):
     :meth:`Engine.batch_p2p` must receive a whole ``batch_isend_irecv`` at
     once (NCCL: one group call, else a ring of sends deadlocks). When False,
     ``batch_isend_irecv`` starts each operation on its own.
+``kind``
+    the name of the path this engine's operations take (``"mpi"``,
+    ``"nccl"``, ...), as ``hpcdist bench`` and ``hpcdist info`` print it;
+    :meth:`Engine.path` refines it per operation and size where an engine
+    chooses between paths (the shared-memory engine).
 
 Write an engine: subclass :class:`Engine`, implement the abstract methods,
 and register a factory with :meth:`hpcdist.Backend.register_backend`
@@ -53,9 +58,15 @@ class Engine(ABC):
 
     #: batch_p2p must receive a whole batch_isend_irecv at once (see module docstring)
     batches_p2p: ClassVar[bool] = False
+    #: the name of this engine's path (see module docstring)
+    kind: ClassVar[str] = "engine"
 
     pg: Any
     device_type: str
+
+    def path(self, op: str, nbytes: int) -> str:
+        """The name of the path ``op`` on ``nbytes`` bytes takes: :attr:`kind` unless the engine chooses per call."""
+        return self.kind
 
     # -- collectives -----------------------------------------------------------------
 

@@ -148,6 +148,8 @@ class HierarchicalEngine(MPIEngine):
     """The MPI engine, with hierarchical all_reduce, broadcast, all_gather_into_tensor and
     reduce_scatter_tensor for blocking calls from ``HPCDIST_HIER_MIN_BYTES`` (see the module docstring)."""
 
+    kind = "hierarchical"
+
     def __init__(self, pg: Any, device_type: str = "cpu") -> None:
         super().__init__(pg, device_type)
         self.min_bytes = config.hierarchical_min_bytes()

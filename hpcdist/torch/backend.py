@@ -363,8 +363,8 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         from ..errors import DistTimeoutError
 
         secs = _limit_seconds(timeout, self._timeout_s)
-        try:  # a zero timeout is gloo's "no time at all": hpcdist's takes only positive ones
-            monitored_barrier(self._hpg, timeout=max(secs, 1e-9), wait_all_ranks=wait_all_ranks)
+        try:  # a zero timeout is gloo's "no time at all": hpcdist takes 1 µs, timedelta's resolution
+            monitored_barrier(self._hpg, timeout=max(secs, 1e-6), wait_all_ranks=wait_all_ranks)
         except DistTimeoutError as exc:
             ms = int(secs * 1000)
             me = self.rank()

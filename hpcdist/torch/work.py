@@ -92,9 +92,13 @@ class HpcdistWork(dist._Work):
         return ready
 
     def _keep_source(self, hw: Any) -> None:
-        src = getattr(hw, "_source", -1)
-        if src is not None and src >= 0 and self._src_map is not None:
-            self._source = self._src_map.get(src, src)
+        if self._src_map is None:
+            return
+        try:
+            src = hw.source_rank()  # defined once a receive completed
+        except DistError:
+            return
+        self._source = self._src_map.get(src, src)
 
     def _complete_here(self) -> None:
         """On the progress thread: wait for the requests (or the timeout), keeping any error."""

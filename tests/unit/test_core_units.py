@@ -482,3 +482,20 @@ def test_a_registered_engine_factory_must_build_an_engine():
     assert Backend.backend_capability["notanengine"] == ["cpu"] and parse_backend("notanengine") == {
         "cpu": "notanengine"
     }
+
+
+def test_every_engine_names_its_path():
+    """``Engine.kind``/``Engine.path`` (what ``hpcdist bench`` prints): one distinct name per engine class."""
+    from hpcdist.backends import Engine
+    from hpcdist.backends.cuda_aware.engine import CudaAwareEngine
+    from hpcdist.backends.hierarchical import HierarchicalEngine
+    from hpcdist.backends.mpi.engine import MPIEngine
+    from hpcdist.backends.nccl.engine import NCCLEngine
+    from hpcdist.backends.staged.engine import StagedEngine
+
+    classes = [MPIEngine, CudaAwareEngine, StagedEngine, NCCLEngine, HierarchicalEngine]
+    kinds = [c.kind for c in classes]
+    assert kinds == ["mpi", "cuda-aware", "staged", "nccl", "hierarchical"]
+    assert all(issubclass(c, Engine) for c in classes) and Engine.kind not in kinds
+    # the default path() is the kind, for any op and size (an instance is not needed to read it)
+    assert MPIEngine.path(object.__new__(MPIEngine), "all_reduce", 1 << 20) == "mpi"

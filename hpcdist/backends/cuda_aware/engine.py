@@ -37,6 +37,8 @@ def _counts_displs(counts: list[int]) -> tuple[list[int], list[int]]:
 class CudaAwareEngine(Engine):
     """The MPI engine's operations with CUDA device buffers handed to a CUDA-aware MPI."""
 
+    kind = "cuda-aware"
+
     def __init__(self, pg: Any, device_type: str = "cuda") -> None:
         self.pg = pg
         self.comm = pg._comm

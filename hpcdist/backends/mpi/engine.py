@@ -82,6 +82,8 @@ class MPIEngine(Engine):
     None; otherwise the non-blocking routine starts and a Work is returned.
     """
 
+    kind = "mpi"
+
     def __init__(self, pg: Any, device_type: str = "cpu") -> None:
         self.pg = pg
         self.comm = pg._comm
@@ -374,12 +376,6 @@ class MPIEngine(Engine):
         status = MPI.Status()
         req = self._irecv(_msg(buf.arr), src, tag, status)
         pg = self.pg
-        work: Work
-
-        def post() -> None:
-            work._source = pg._ranks[status.Get_source()]
-            if buf.writeback is not None:
-                buf.writeback()
 
         def on_timeout() -> None:  # a receive can be cancelled: the group stays usable
             try:
@@ -388,6 +384,6 @@ class MPIEngine(Engine):
             except Exception:
                 pass
 
-        work = Work([req], post, buf, pg._timeout_s, ("recv", pg), buf.obj, on_timeout)
-        work._status = status
-        return work
+        return Work.receive(
+            req, status, pg._ranks, buf.writeback, buf, pg._timeout_s, ("recv", pg), buf.obj, on_timeout
+        )

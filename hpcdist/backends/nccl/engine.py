@@ -158,6 +158,8 @@ class _Calling:
 class NCCLEngine(Engine):
     """Runs one process group's CUDA-array operations through its NCCL communicator."""
 
+    kind = "nccl"
+
     batches_p2p = True
 
     def __init__(self, pg: Any, device_type: str = "cuda") -> None:

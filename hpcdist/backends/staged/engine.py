@@ -93,6 +93,8 @@ def _writeback(writes: list[Buf]) -> None:
 class StagedEngine(Engine):
     """The MPI engine's operations on device arrays, through pinned host copies."""
 
+    kind = "staged"
+
     def __init__(self, pg: Any, device_type: str = "cuda", pool: PinnedPool | None = None) -> None:
         self.pg = pg
         self.host = MPIEngine(pg, device_type)
