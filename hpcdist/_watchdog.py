@@ -25,48 +25,91 @@ from .errors import timeout_message
 
 _get_ident = threading.get_ident
 _monotonic = time.monotonic
+_INF = float("inf")
 
 __all__ = ["Watchdog", "WATCHDOG"]
 
 
-class Watchdog:
-    """One daemon thread watching every blocking call in flight: one deadline per calling thread.
+class _Limit:
+    """A fixed time limit where an entry's owner has none (:meth:`Watchdog.arm`)."""
 
-    A thread has at most one blocking MPI call in flight, so the slot of a
-    call is its thread: ``arm`` returns the slot's entry and ``disarm``
-    removes it. A call hung in one thread is aborted on time while other
-    threads go on arming and disarming calls of their own.
+    __slots__ = ("_timeout_s",)
+
+    def __init__(self, limit: float) -> None:
+        self._timeout_s = limit
+
+
+class Watchdog:
+    """One daemon thread watching every blocking call in flight.
+
+    An entry is ``(what, owner)``, a new tuple per call: the call's limit is
+    ``owner._timeout_s`` (a process group's timeout, read when checked, so
+    ``set_timeout`` applies at once). The calling thread reads no clock: the
+    watchdog notes when it first sees an entry (it looks every 0.1 s at most)
+    and counts the limit from there, so a call is ended between its limit and
+    its limit + 0.1 s + the grace period. Two tables hold the calls in flight:
+
+    ``calls``
+        thread ident -> entry (:meth:`arm`/:meth:`disarm`: a thread has at
+        most one blocking MPI call in flight);
+    ``inflight``
+        call domain -> entry: a process group, or one domain for all groups
+        when MPI allows one thread in MPI at a time. A guarded call
+        (:meth:`guard`) claims its domain's slot with one atomic
+        ``dict.setdefault``: finding it taken means another thread is inside
+        a blocking call there, and the call is refused. The claim is the
+        watchdog's entry, so one dictionary operation serves as both the
+        lock and the arming.
+
+    A call hung in one thread is aborted on time while other threads go on
+    with calls of their own.
     """
 
     def __init__(self, grace: float = 0.2) -> None:
-        #: thread ident -> (monotonic deadline, limit in s, what is in flight)
-        self.calls: dict[int, tuple[float, float, Any]] = {}
+        self.calls: dict[int, tuple[Any, Any]] = {}
+        self.inflight: dict[Any, tuple[Any, Any]] = {}
+        self._seen: dict[int, tuple[tuple[Any, Any], float]] = {}  # id(entry) -> (entry, when first seen)
         self.grace = grace  # a call past its deadline is given this long to return before the job is ended
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def arm(self, limit: float, what: Any) -> None:
+        """Watch this thread's next blocking call for ``limit`` s (until :meth:`disarm`)."""
         if self._thread is None:
             self._start()
-        self.calls[_get_ident()] = (_monotonic() + limit, limit, what)
+        self.calls[_get_ident()] = (what, _Limit(limit))
 
     def disarm(self) -> None:
         self.calls.pop(_get_ident(), None)
 
-    def call(self, limit: float, what: Any, fn: Any, args: tuple) -> None:
-        """``fn(*args)`` armed for ``limit`` s (``arm``, call, ``disarm`` in one: the blocking hot path).
+    def guard(self, fn: Any, what: Any, domain: Any, on_busy: Any, owner: Any, buffer: tuple | None = None) -> Any:
+        """``fn`` as a blocking call of ``owner`` (a process group) in call domain ``domain``.
 
-        Per call it stores one entry (a tuple) and removes it; nothing else is allocated.
+        The returned ``run`` claims the domain's slot in :attr:`inflight` with
+        its entry (taken: it raises ``on_busy(what[0])``, another thread is
+        inside a blocking call there), calls ``fn`` and frees the slot. With
+        ``owner`` None the call is not watched (it enforces its own timeout:
+        ``HPCDIST_WAIT=poll``); only the slot is claimed.
+
+        ``run(*args)`` calls ``fn(*args)``; with ``buffer=(head, spec, tail)``,
+        ``run(x)`` calls ``fn(head, [x, spec], tail)`` (an mpi4py buffer call
+        with its fixed arguments bound, such as ``Allreduce(IN_PLACE, [x,
+        datatype], op)``). It is the whole blocking hot path around an MPI
+        routine (one Python frame, one tuple, no clock), so it is built once
+        per (engine, routine).
         """
+        self.start()
+        head, spec, tail = buffer or (None, None, None)
+        run = _guard_factory("buffer" if buffer else "args")(
+            fn, what, domain, on_busy, owner, self.inflight, head, spec, tail
+        )
+        _GUARD_CODE.add(run.__code__)
+        return run
+
+    def start(self) -> None:
+        """Start the watching thread (once; arming does it too)."""
         if self._thread is None:
             self._start()
-        ident = _get_ident()
-        calls = self.calls
-        calls[ident] = (_monotonic() + limit, limit, what)
-        try:
-            fn(*args)
-        finally:
-            del calls[ident]
 
     def _start(self) -> None:
         with self._lock:
@@ -75,36 +118,103 @@ class Watchdog:
                 t.start()
                 self._thread = t
 
-    def overdue(self, now: float) -> tuple[int, tuple[float, float, Any]] | None:
-        """The first call in flight past its deadline at ``now``, as (thread ident, entry); else None."""
-        for ident, entry in list(self.calls.items()):
-            if now > entry[0]:
-                return ident, entry
+    def _entries(self, now: float) -> list[tuple[dict[Any, Any], Any, float, tuple[Any, Any]]]:
+        """(table, key, deadline, entry) of every call in flight; an entry's clock starts when first seen."""
+        out = []
+        seen, fresh = self._seen, {}
+        for table in (self.calls, self.inflight):
+            for key, entry in list(table.items()):
+                hit = seen.get(id(entry))
+                since = hit[1] if hit is not None and hit[0] is entry else now
+                fresh[id(entry)] = (entry, since)
+                owner = entry[1]
+                out.append((table, key, since + (owner._timeout_s if owner is not None else _INF), entry))
+        self._seen = fresh  # calls that ended are forgotten
+        return out
+
+    def overdue(self, now: float) -> tuple[dict[Any, Any], Any, float, tuple[Any, Any]] | None:
+        """The first call in flight past its deadline at ``now``, as (its table, its key, deadline, entry); else None."""
+        for hit in self._entries(now):
+            if now > hit[2]:
+                return hit
         return None
 
     def _run(self) -> None:
         while True:
-            hit = self.overdue(_monotonic())
+            now = _monotonic()
+            hit = self.overdue(now)
             if hit is not None:
-                ident, entry = hit
+                table, key, _, entry = hit
                 time.sleep(self.grace)  # a call that returns right at its deadline is not aborted
-                if self.calls.get(ident) is entry:
-                    self._fire(ident, entry)
+                if table.get(key) is entry:
+                    ident = key if table is self.calls else _thread_holding(entry)
+                    self._fire(entry[0], entry[1]._timeout_s, _thread_name(ident))
                     return
                 continue
-            deadlines = [e[0] for e in list(self.calls.values())]
-            left = min(deadlines) - _monotonic() if deadlines else 0.1
+            deadlines = [d for _, _, d, _ in self._entries(now)]
+            left = min(deadlines) - now if deadlines else 0.1
             time.sleep(min(0.1, max(0.005, left)))
 
-    def _fire(self, ident: int, entry: tuple[float, float, Any]) -> None:
-        _, limit, what = entry
-        thread = next((t.name for t in threading.enumerate() if t.ident == ident), str(ident))
+    def _fire(self, what: Any, limit: float, thread: str) -> None:
         then = (
             ". Ending the job (MPI_Abort) because a blocking MPI call cannot be interrupted (HPCDIST_WAIT=block); "
             "use HPCDIST_WAIT=poll to get a catchable exception."
         )
         message = timeout_message(what, limit, where=f" (in thread {thread!r})", then=then)
         abort_job(f"hpcdist.DistTimeoutError: {message}\n", 124)
+
+
+#: the code objects of guarded calls' frames (to find the thread inside a guarded call)
+_GUARD_CODE: set[Any] = set()
+
+#: a guarded call's shapes: (run's parameters, the call of fn) — Watchdog.guard's ``buffer`` picks one
+_SHAPES = {"args": ("*args", "fn(*args)"), "buffer": ("x", "fn(head, [x, spec], tail)")}
+_FACTORIES: dict[str, Any] = {}
+_GUARD_SOURCE = """
+def make(fn, what, domain, on_busy, owner, inflight, head, spec, tail):
+    claim = inflight.setdefault
+
+    def run({params}):
+        entry = (what, owner)
+        if claim(domain, entry) is not entry:
+            raise on_busy(what[0])
+        try:
+            return {call}
+        finally:
+            del inflight[domain]
+
+    return run
+"""
+
+
+def _guard_factory(shape: str) -> Any:
+    """The maker of guarded calls of ``shape`` (one source for every shape, compiled on first use).
+
+    Generated like ``dataclasses``' ``__init__``: each shape calls ``fn`` in its
+    own frame with no wrapper between, which is the point of the hot path.
+    """
+    make = _FACTORIES.get(shape)
+    if make is None:
+        params, call = _SHAPES[shape]
+        namespace: dict[str, Any] = {}
+        exec(_GUARD_SOURCE.format(params=params, call=call), namespace)  # the fixed source above
+        make = _FACTORIES[shape] = namespace["make"]
+    return make
+
+
+def _thread_holding(entry: Any) -> int | None:
+    """The ident of the thread whose guarded call made ``entry`` (its frame holds it), else None."""
+    for ident, frame in sys._current_frames().items():
+        f: Any = frame
+        while f is not None:
+            if f.f_code in _GUARD_CODE and f.f_locals.get("entry") is entry:
+                return ident
+            f = f.f_back
+    return None
+
+
+def _thread_name(ident: int | None) -> str:
+    return next((t.name for t in threading.enumerate() if t.ident == ident), str(ident))
 
 
 def abort_job(text: str, code: int) -> None:

@@ -79,6 +79,8 @@ class ProcessGroup:
         self._backend_map = backend
         self._backend_str = backend_str
         self._engines: dict[str, Engine] = {}
+        # (id(NumPy dtype), op) -> (dtype, dtype name, max bytes, run): hpcdist.all_reduce's hot path (collectives._lane)
+        self._lanes: dict[tuple[int, Any], tuple[Any, str, int, Any]] = {}
         self.group_name = group_name
         self.group_desc = group_desc
         self._store = store
@@ -86,8 +88,9 @@ class ProcessGroup:
         self._block = config.wait_mode() == "block"  # HPCDIST_WAIT: how blocking calls wait
         self._flight = new_ring()  # this group's last operations (hpcdist.flight), None when off
         self.bound_device_id: Any = None
-        # held during a blocking call on this group: a second thread's blocking call raises (busy_error)
-        self._call_lock, self._thread_level = _call_lock()
+        # the slot of a blocking call on this group in the watchdog's table (hpcdist._watchdog): a second
+        # thread's blocking call in the same domain raises (busy_error)
+        self._call_domain, self._thread_level = _call_domain(self)
         self._monitored_seq = 0  # monitored_barrier's sequence number on this group
         self._node_local: int | None = None  # node-local rank (a collective to find; cached per group)
         # a world joined over MPI ports (no launcher): receives from any source probe first (work.ProbedRecv)
@@ -166,6 +169,7 @@ class ProcessGroup:
         if self._destroyed:
             return
         self._destroyed = True
+        self._lanes.clear()
         for eng in self._engines.values():
             eng.close()
         self._engines.clear()
@@ -188,18 +192,17 @@ class ProcessGroup:
         return f"<ProcessGroup {self.group_name!r} rank {self._rank}/{self._size} backend={self._backend_str}>"
 
 
-_SHARED_LOCK: list[Any] = []
+#: the call domain of every group when MPI allows one thread in MPI at a time
+_SHARED_DOMAIN = "one thread in MPI at a time"
 
 
-def _call_lock() -> tuple[Any, str]:
-    """(the lock guarding blocking calls on a new group, the MPI thread level's name).
+def _call_domain(pg: Any) -> tuple[Any, str]:
+    """(the call domain of a new group, the MPI thread level's name).
 
-    With ``MPI_THREAD_MULTIPLE`` every group has its own lock: threads may run
-    blocking calls on different groups at once. Below it, one lock is shared
-    by all groups: calls from different threads must never overlap.
+    With ``MPI_THREAD_MULTIPLE`` every group is its own domain: threads may run
+    blocking calls on different groups at once. Below it, all groups share one
+    domain: calls from different threads must never overlap.
     """
-    import threading
-
     from mpi4py import MPI
 
     names = {
@@ -209,11 +212,7 @@ def _call_lock() -> tuple[Any, str]:
         MPI.THREAD_MULTIPLE: "multiple",
     }
     level = names.get(MPI.Query_thread(), "single")
-    if level == "multiple":
-        return threading.Lock(), level
-    if not _SHARED_LOCK:
-        _SHARED_LOCK.append(threading.Lock())
-    return _SHARED_LOCK[0], level
+    return (pg if level == "multiple" else _SHARED_DOMAIN), level
 
 
 class _WorldMeta(type):

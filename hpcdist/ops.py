@@ -116,14 +116,18 @@ def supports_complex(reduceOp: Any) -> bool:
 class ResolvedOp:
     """An op checked against one dtype: what MPI runs plus the scaling around it."""
 
-    __slots__ = ("average", "kind", "mpi_name", "plain", "premul")
+    __slots__ = ("average", "direct", "kind", "mpi_name", "plain", "premul")
 
-    def __init__(self, kind: RedOpType, mpi_name: str, premul: Any = None, average: bool = False) -> None:
+    def __init__(
+        self, kind: RedOpType, mpi_name: str, premul: Any = None, average: bool = False, half: bool = False
+    ) -> None:
         self.kind = kind
         self.mpi_name = mpi_name  # attribute of mpi4py.MPI: "SUM", "PROD", ...
         self.premul = premul
         self.average = average
         self.plain = premul is None and not average  # MPI's op alone gives the answer
+        # ... on the array itself (``half``: a float16/bfloat16 array, reduced in float32 instead)
+        self.direct = self.plain and not half
 
 
 _MPI_NAME = {
@@ -147,7 +151,9 @@ _BOOL_NAME = {
     RedOpType.BAND: "LAND",
     RedOpType.BXOR: "LXOR",
 }
-_CACHE: dict[tuple[Any, str], ResolvedOp] = {}
+_HALF = ("float16", "bfloat16")
+#: (op, dtype name) -> ResolvedOp: what resolve_op checked once (collectives look it up first, on the hot path)
+CACHE: dict[tuple[Any, str], ResolvedOp] = {}
 
 
 def resolve_op(op: Any, dtype: str, argname: str = "op") -> ResolvedOp:
@@ -157,7 +163,7 @@ def resolve_op(op: Any, dtype: str, argname: str = "op") -> ResolvedOp:
     dtype does not support (bitwise ops on floats, MIN/MAX on complex).
     """
     key = (op, dtype)
-    hit = _CACHE.get(key)  # checked once per (op, dtype): the hot path is this lookup
+    hit = CACHE.get(key)  # checked once per (op, dtype): the hot path is this lookup
     if hit is not None:
         return hit
     if isinstance(op, _PremulSum):  # never cached: the factor varies call by call
@@ -185,6 +191,6 @@ def resolve_op(op: Any, dtype: str, argname: str = "op") -> ResolvedOp:
             raise ValueError(f"{argname}=ReduceOp.AVG is not defined for bool arrays")
         resolved = ResolvedOp(kind, _BOOL_NAME[kind])
     else:
-        resolved = ResolvedOp(kind, _MPI_NAME[kind], average=kind is RedOpType.AVG)
-    _CACHE[key] = resolved
+        resolved = ResolvedOp(kind, _MPI_NAME[kind], average=kind is RedOpType.AVG, half=dtype in _HALF)
+    CACHE[key] = resolved
     return resolved

@@ -7,8 +7,11 @@ It times, on a float64 array of one element (SUM, ``HPCDIST_WAIT=block``):
 * each step of the call on its own, in a loop without any message (group
   resolution, the array adapter for a NumPy array and for a torch CPU
   tensor, op resolution, the engine lookup, the flight-recorder and DETAIL
-  checks, the call lock, arming and disarming the watchdog, building the
-  MPI arguments);
+  checks, the watchdog's guard (claiming the group's call slot and arming
+  the watchdog in one step), building the MPI arguments) — the steps of the
+  general path, which the first call of a dtype and op takes; later calls
+  take the lane (docs/architecture.md), which skips the adapter, the op
+  check and the engine lookup;
 * raw mpi4py ``Allreduce(IN_PLACE, [a, DOUBLE], SUM)`` on a Dup of COMM_WORLD;
 * the whole ``hpcdist.all_reduce`` on the NumPy array and on the torch tensor.
 
@@ -70,20 +73,17 @@ def main() -> None:
     SUM = ReduceOp.SUM
     eng = pg.engine("cpu")
     buf, rop = adapt(a, "tensor", True), resolve_op(ReduceOp.SUM, "float64")
-    lock = pg._call_lock
     in_place, dt, op = MPI.IN_PLACE, MPI.DOUBLE, MPI.SUM
     what = ("all_reduce", pg)
     dist.all_reduce(a, group=pg)  # build the engine, warm the caches
 
-    def noop() -> None:
+    def noop_args(*args: object) -> None:
         pass
 
-    def watchdog() -> None:
-        WATCHDOG.call(60.0, what, noop, ())
+    guarded = WATCHDOG.guard(noop_args, what, object(), pg.busy_error, pg)
 
-    def call_lock() -> None:
-        lock.acquire(False)
-        lock.release()
+    def watchdog() -> None:
+        guarded()
 
     def flight_detail() -> None:
         fr = pg._flight
@@ -92,16 +92,27 @@ def main() -> None:
         if DETAIL[0]:
             raise AssertionError
 
+    lane = pg._lanes[(id(a.dtype), SUM)]  # learned by the first call above
+    run = lane[3]
+
+    def lane_checks() -> None:
+        got = pg._lanes.get((id(a.dtype), SUM))
+        if got is not None and a.nbytes < got[2]:
+            flags = a.flags
+            if not (flags.c_contiguous and flags.writeable):
+                raise AssertionError
+
     steps: list[tuple[str, Callable[[], object]]] = [
         ("resolve_group (group= a ProcessGroup)", lambda: resolve_group(pg, "all_reduce")),
         ("adapt (NumPy array)", lambda: adapt(a, "tensor", True)),
         ("resolve_op (SUM, float64)", lambda: resolve_op(SUM, "float64")),
         ("engine lookup (pg.engine('cpu'))", lambda: pg.engine("cpu")),
         ("flight recorder + DETAIL checks", flight_detail),
-        ("call lock acquire + release", call_lock),
-        ("watchdog: arm, call a no-op, disarm", watchdog),
+        ("guard: claim the call slot, arm the watchdog, call a no-op, free", watchdog),
         ("MPI arguments ([a, datatype], op)", lambda: (in_place, [a, mpi_datatype(a.dtype)], op)),
-        ("the engine's all_reduce (lock, watchdog, MPI call)", lambda: eng.all_reduce(buf, rop, True)),
+        ("the engine's all_reduce (guard, MPI call)", lambda: eng.all_reduce(buf, rop, True)),
+        ("lane: lookup and the array's checks", lane_checks),
+        ("lane: the engine's one-step all_reduce (guard, MPI call)", lambda: run(a)),
     ]
     if t is not None:
         steps.insert(2, ("adapt (torch CPU tensor)", lambda: adapt(t, "tensor", True)))
@@ -118,12 +129,12 @@ def main() -> None:
         )
         print("| step | ns per call |")
         print("|---|---|")
-        numpy_steps = [ns for name, ns in rows if "torch" not in name and "engine's" not in name]
+        general = [ns for name, ns in rows if "torch" not in name and "engine's" not in name and "lane" not in name]
         for name, ns in rows:
             print(f"| {name} | {ns:.0f} |")
-        print(f"| **sum of the steps (NumPy)** | **{sum(numpy_steps):.0f}** |")
+        print(f"| **sum of the general path's steps (NumPy, first call of a dtype and op)** | **{sum(general):.0f}** |")
         print(f"| raw mpi4py `Allreduce` | {raw_ns:.0f} |")
-        print(f"| `hpcdist.all_reduce` (NumPy) | {np_ns:.0f} |")
+        print(f"| `hpcdist.all_reduce` (NumPy: the lane) | {np_ns:.0f} |")
         print(f"| added by hpcdist (NumPy) | {np_ns - raw_ns:.0f} |")
         print(f"| raw / hpcdist (NumPy) | {raw_ns / np_ns:.2f} |")
         if torch_ns is not None:

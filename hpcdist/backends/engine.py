@@ -40,6 +40,7 @@ and register a factory with :meth:`hpcdist.Backend.register_backend`
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ..buffers.adapters import Buf
@@ -81,6 +82,18 @@ class Engine(ABC):
     @abstractmethod
     def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
         """Reduce ``buf`` over the group with ``rop``, in place on every rank."""
+
+    def host_all_reduce_lane(self, dtype: str, rop: ResolvedOp) -> tuple[int, Callable[[Any], None]] | None:
+        """The engine's one-call path for a blocking in-place all_reduce of small host NumPy arrays, or None.
+
+        Returns ``(max_bytes, run)``: ``run(array)`` all-reduces a writable
+        C-contiguous NumPy array of logical dtype ``dtype`` and fewer than
+        ``max_bytes`` bytes with ``rop``, blocking, exactly as
+        ``all_reduce(Buf(array), rop, sync=True)`` would. :func:`hpcdist.all_reduce`
+        keeps it per (group, dtype, op) and calls it directly: the hot path of
+        small calls (see docs/architecture.md). The default is None: no lane.
+        """
+        return None
 
     @abstractmethod
     def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work | None:

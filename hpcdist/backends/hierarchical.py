@@ -154,6 +154,8 @@ class HierarchicalEngine(MPIEngine):
         super().__init__(pg, device_type)
         self.min_bytes = config.hierarchical_min_bytes()
         self._topo: NodeTopology | None = None
+        if self.min_bytes is not None:  # all_reduce's lane and fast path stop where the hierarchical path starts
+            self.fast_all_reduce_below = min(self.fast_all_reduce_below, self.min_bytes)
 
     def _use(self, sync: bool, nbytes: int) -> NodeTopology | None:
         """The topology when this call goes hierarchical (same answer on every rank: sizes agree), else None."""

@@ -123,6 +123,7 @@ import threading
 dist.init_process_group("mpi", timeout=timedelta(seconds=2))
 hung_group = dist.new_group([0, 1], timeout=timedelta(seconds=2))
 busy_group = dist.new_group([0, 1], timeout=timedelta(seconds=2))
+dist.all_reduce(np.ones(4), group=hung_group)  # the next float64 SUM all_reduce on hung_group takes its lane
 if dist.get_rank() == 0:
     threading.Thread(target=lambda: dist.all_reduce(np.ones(4), group=hung_group), name="stuck").start()
 t0 = time.monotonic()

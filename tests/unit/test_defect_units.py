@@ -17,8 +17,8 @@ class Recording(Watchdog):
         super().__init__(grace)
         self.fired: list[object] = []
 
-    def _fire(self, ident, entry):
-        self.fired.append(entry[2])
+    def _fire(self, what, limit, thread):
+        self.fired.append(what)
 
 
 def test_a_call_returning_within_the_grace_period_is_not_aborted():

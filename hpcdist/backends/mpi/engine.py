@@ -33,7 +33,6 @@ __all__ = ["MPIEngine"]
 # This module is imported when the first engine is built, after MPI started.
 from mpi4py import MPI
 
-_watched = WATCHDOG.call
 _IN_PLACE = MPI.IN_PLACE
 _ANY_SOURCE = MPI.ANY_SOURCE
 _OPS: dict[str, Any] = {}
@@ -89,7 +88,13 @@ class MPIEngine(Engine):
         self.comm = pg._comm
         self.device_type = device_type
         self.block = bool(getattr(pg, "_block", False))
-        self._routines: dict[str, tuple[Any, Any]] = {}  # "Allreduce" -> (comm.Iallreduce, comm.Allreduce)
+        # (routine, name) -> (comm.Ixxx, the blocking comm.Xxx guarded by the call lock and the watchdog)
+        self._routines: dict[tuple[str, str], tuple[Any, Any]] = {}
+        # the blocking all_reduce hot path (MPI_Allreduce run now: _resolve) for calls of fewer bytes than
+        # fast_all_reduce_below; the others go to _all_reduce, which an engine with another path for large
+        # arrays overrides (and lowers fast_all_reduce_below to where that path starts)
+        self._allreduce_now = self._resolve("Allreduce", "all_reduce")[1]
+        self.fast_all_reduce_below: float = float("inf")
 
     # -- the one template --------------------------------------------------
 
@@ -119,42 +124,52 @@ class MPIEngine(Engine):
         Returns:
             None when ``sync`` (the operation completed), else the Work that completes it.
         """
-        start, block = self._routines.get(routine) or self._resolve(routine)
-        pg = self.pg
+        start, now = self._routines.get((routine, name)) or self._resolve(routine, name)
         if not sync:
+            pg = self.pg
             return Work([start(*args)], post, keep, pg._timeout_s, (name, pg), result)
-        if self.block:
-            self._blocking(name, block, args)
-        else:  # poll inline: no Work object on the blocking path
-            lock = pg._call_lock
-            if not lock.acquire(False):
-                raise pg.busy_error(name)
-            try:
-                req = start(*args)
-                if not req.Test() and not wait_requests([req], pg._timeout_s):
-                    raise timeout_error((name, pg), pg._timeout_s)
-            finally:
-                lock.release()
+        now(*args)
         if post is not None:
             post()
         return None
 
-    def _resolve(self, routine: str) -> tuple[Any, Any]:
-        """The communicator's (non-blocking, blocking) methods for ``routine``, looked up once."""
-        c = self.comm
-        pair = self._routines[routine] = (getattr(c, "I" + routine[0].lower() + routine[1:]), getattr(c, routine))
+    def _resolve(self, routine: str, name: str) -> tuple[Any, Any]:
+        """``(start, now)`` for MPI ``routine`` run as op ``name``, built once per engine.
+
+        ``start`` is the communicator's non-blocking method. ``now`` runs the
+        operation to completion under the watchdog's guard (the group's call
+        slot: :meth:`~hpcdist._watchdog.Watchdog.guard`): in block mode the
+        blocking MPI routine, watched for the group's timeout; in poll mode the
+        non-blocking one, polled against the timeout inline (no Work object),
+        which raises a catchable :class:`~hpcdist.errors.DistTimeoutError`.
+        """
+        c, pg = self.comm, self.pg
+        start = getattr(c, "I" + routine[0].lower() + routine[1:])
+        fn, owner = self._completion(routine, name, start)
+        pair = self._routines[(routine, name)] = (
+            start,
+            WATCHDOG.guard(fn, (name, pg), pg._call_domain, pg.busy_error, owner),
+        )
         return pair
 
-    def _blocking(self, name: str, block: Any, args: tuple) -> None:
-        """``block(*args)`` under the group's call lock and the watchdog (``HPCDIST_WAIT=block``)."""
+    def _completion(self, routine: str, name: str, start: Any) -> tuple[Any, Any]:
+        """``(fn, owner)``: what runs ``routine`` to completion, and whom the watchdog watches it for.
+
+        Block mode: the blocking MPI routine, watched for the group's timeout.
+        Poll mode: the non-blocking one (``start``) polled against the timeout
+        inline (no Work object), raising a catchable DistTimeoutError; not
+        watched (owner None).
+        """
         pg = self.pg
-        lock = pg._call_lock
-        if not lock.acquire(False):
-            raise pg.busy_error(name)
-        try:
-            _watched(pg._timeout_s, (name, pg), block, args)
-        finally:
-            lock.release()
+        if self.block:
+            return getattr(self.comm, routine), pg
+
+        def poll(*args: Any) -> None:
+            req = start(*args)
+            if not req.Test() and not wait_requests([req], pg._timeout_s):
+                raise timeout_error((name, pg), pg._timeout_s)
+
+        return poll, None
 
     # -- collectives ---------------------------------------------------------
 
@@ -168,17 +183,37 @@ class MPIEngine(Engine):
         )
 
     def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
-        c = self.comm
+        arr = buf.arr
+        if sync and rop.direct and buf.writeback is None and arr.nbytes < self.fast_all_reduce_below:
+            # the hot path (block mode, in place, no post-step): MPI_Allreduce under the watchdog's guard
+            mt = _BY_NAME.get(buf.dtype) or _by_name(buf)
+            self._allreduce_now(_IN_PLACE, [arr, mt], _OPS.get(rop.mpi_name) or _mpi_op(rop.mpi_name))
+            return None
+        return self._all_reduce(buf, rop, sync)
+
+    def host_all_reduce_lane(self, dtype: str, rop: ResolvedOp) -> tuple[int, Any] | None:
+        """Ops MPI computes on the array itself: MPI_Allreduce run now (:meth:`_resolve`), below ``fast_all_reduce_below``."""
+        if not rop.direct or self.fast_all_reduce_below <= 0 or dtype in HALF_DTYPES:
+            return None
+        pg = self.pg
+        fn, owner = self._completion("Allreduce", "all_reduce", self.comm.Iallreduce)
+        bound = (
+            _IN_PLACE,
+            mpi_datatype(np.dtype(dtype)),
+            _mpi_op(rop.mpi_name),
+        )  # run(arr): fn(IN_PLACE, [arr, mt], op)
+        run = WATCHDOG.guard(fn, ("all_reduce", pg), pg._call_domain, pg.busy_error, owner, bound)
+        return int(min(self.fast_all_reduce_below, 1 << 62)), run
+
+    def _all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool) -> Work | None:
+        """all_reduce but its blocking fast path (engines with another path for large arrays override it)."""
         if rop.plain and buf.writeback is None and buf.dtype not in HALF_DTYPES:
             arr = buf.arr
             mt = _BY_NAME.get(buf.dtype) or _by_name(buf)
             args = (_IN_PLACE, [arr, mt], _OPS.get(rop.mpi_name) or _mpi_op(rop.mpi_name))
-            if sync and self.block:  # the hot path: no post-step, nothing to keep
-                self._blocking("all_reduce", c.Allreduce, args)
-                return None
             return self._run("Allreduce", args, sync=sync, name="all_reduce", keep=buf, result=buf.obj)
         work = prepare(buf, rop, copy=False)
-        size = c.Get_size()
+        size = self.comm.Get_size()
 
         def post() -> None:
             finish_reduce(buf, work, rop, size)

@@ -69,6 +69,8 @@ class ShmEngine(MPIEngine):
         self.slot_bytes = max(slot_bytes or config.shm_slot_bytes(), -(-16 * pg._size // 64) * 64)
         self.windows = {op: table.window(op, pg._size, mode) for op in table.OPS}
         self._ar_lo, self._ar_hi = self.windows["all_reduce"]
+        # smaller blocking calls take MPIEngine's fast path untouched
+        self.fast_all_reduce_below = min(self.fast_all_reduce_below, self._ar_lo)
         self._seg: Segment | bool | None = None  # None: not set up; False: the group spans nodes
 
     # -- selection -----------------------------------------------------------
@@ -131,13 +133,11 @@ class ShmEngine(MPIEngine):
         alg.broadcast(seg, buf.arr.reshape(-1), root)
         return self._done(sync, "broadcast", buf.obj, *([buf] if seg.rank != root else []))
 
-    def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
+    def _all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool) -> Work | None:
         nbytes = buf.arr.nbytes
-        if not self._ar_lo <= nbytes < self._ar_hi:  # the hot path of small calls: one comparison
-            return MPIEngine.all_reduce(self, buf, rop, sync)
-        seg = self._use("all_reduce", nbytes)
+        seg = self._use("all_reduce", nbytes) if self._ar_lo <= nbytes < self._ar_hi else None
         if seg is None:
-            return MPIEngine.all_reduce(self, buf, rop, sync)
+            return MPIEngine._all_reduce(self, buf, rop, sync)
         flat = buf.arr.reshape(-1)
         half = buf.dtype if buf.dtype in HALF_DTYPES else None
         alg.all_reduce(seg, flat, flat, rop.mpi_name, half, rop.premul, rop.average)

@@ -1,0 +1,205 @@
+"""The all_reduce lane: a blocking all_reduce of a small NumPy array after the first one of its dtype and op.
+
+The first blocking ``all_reduce`` of a (dtype, op) on a group takes the general
+path (adapter, op check, engine) and then asks the engine for its lane
+(``Engine.host_all_reduce_lane``); later calls with a writable C-contiguous
+NumPy array of that dtype, below the lane's size bound, skip straight to it.
+These tests pin that the lane gives NumPy's answer, that it is really taken
+(the adapter is not called), that every other call still takes the general
+path with its checks, and that both wait modes have it. Each test makes its
+own group, so its lanes start empty.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hpcdist as dist
+from hpcdist import ReduceOp
+from hpcdist import collectives as coll
+from hpcdist.debug import DebugLevel, get_debug_level, set_debug_level
+from hpcdist.flight import END
+
+N = 6
+
+# dtype -> ops MPI computes on the array itself (the lanes); the reference reduces the stacked inputs
+OPS = {
+    "float64": ["SUM", "PRODUCT", "MIN", "MAX"],
+    "float32": ["SUM", "MAX"],
+    "int64": ["SUM", "MIN", "BAND", "BOR", "BXOR"],
+    "int8": ["SUM", "MAX"],
+    "uint16": ["BXOR", "SUM"],
+    "complex128": ["SUM"],
+    "bool": ["SUM", "PRODUCT"],
+}
+CASES = [(d, o) for d, ops in OPS.items() for o in ops]
+
+
+def inputs(rank: int, dtype: str, salt: int) -> np.ndarray:
+    i = np.arange(N)
+    if dtype == "bool":
+        return (i + rank + salt) % 3 == 0
+    v = (i * 3 + rank * 5 + salt) % 7 + 1
+    if dtype.startswith("complex"):
+        return (v + 1j * ((i + rank) % 3)).astype(dtype)
+    return v.astype(dtype)
+
+
+def reference(opname: str, dtype: str, salt: int, n: int) -> np.ndarray:
+    stack = np.stack([inputs(r, dtype, salt) for r in range(n)])
+    if dtype == "bool":
+        return (stack.any(0) if opname == "SUM" else stack.all(0)).astype(bool)
+    ufunc = {
+        "SUM": np.add,
+        "PRODUCT": np.multiply,
+        "MIN": np.minimum,
+        "MAX": np.maximum,
+        "BAND": np.bitwise_and,
+        "BOR": np.bitwise_or,
+        "BXOR": np.bitwise_xor,
+    }[opname]
+    return ufunc.reduce(stack, axis=0).astype(dtype)
+
+
+@pytest.fixture
+def pg():
+    """A fresh group of every rank (no lanes yet), destroyed after the test."""
+    g = dist.new_group()
+    yield g
+    if not g._destroyed:
+        dist.destroy_process_group(g)
+
+
+@pytest.fixture
+def no_detail():
+    """Lanes exist outside DETAIL mode (the mpi-3-detail stage runs everything in it: these tests skip there)."""
+    if get_debug_level() == DebugLevel.DETAIL:
+        pytest.skip("DETAIL mode checks every call, so no call takes a lane (test_detail_mode_* covers it)")
+
+
+@pytest.fixture
+def adapter_calls(monkeypatch):
+    """Counts calls of the adapter by hpcdist.all_reduce (a lane call makes none)."""
+    calls = []
+    real = coll.adapt
+
+    def counting(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(coll, "adapt", counting)
+    return calls
+
+
+@pytest.mark.parametrize(("dtype", "opname"), CASES)
+def test_repeated_calls_take_the_lane_and_agree_with_numpy(no_detail, pg, adapter_calls, dtype, opname):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    op = getattr(ReduceOp, opname)
+    for salt in range(4):  # the first call learns the lane, the next three take it
+        x = inputs(rank, dtype, salt)
+        dist.all_reduce(x, op=op, group=pg)
+        assert np.array_equal(x, reference(opname, dtype, salt, n)), (salt, x)
+    (lane,) = pg._lanes.values()
+    if pg.engine("cpu").fast_all_reduce_below == 0:  # HPCDIST_SHM=1: every all_reduce is the engine's own
+        assert lane[2] == 0 and len(adapter_calls) == 4
+        return
+    assert len(adapter_calls) == 1, "only the first call goes through the adapter"
+    assert lane[1] == dtype and lane[2] > N * np.dtype(dtype).itemsize
+
+
+@pytest.mark.parametrize(("dtype", "opname"), [("float16", "SUM"), ("float64", "AVG"), ("int32", "AVG")])
+def test_ops_mpi_cannot_compute_alone_have_no_lane_and_stay_exact(no_detail, pg, adapter_calls, dtype, opname):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    op = getattr(ReduceOp, opname)
+    for salt in range(3):
+        x = inputs(rank, dtype, salt)
+        dist.all_reduce(x, op=op, group=pg)
+        stack = np.stack([inputs(r, dtype, salt) for r in range(n)]).astype(np.float64)
+        want = stack.sum(0) if opname == "SUM" else stack.sum(0) / n
+        if dtype == "int32":
+            want = stack.sum(0).astype(np.int64) // n  # inputs are positive: truncation is floor
+        assert np.array_equal(x, want.astype(dtype)), (salt, x, want)
+    assert len(adapter_calls) == 3, "every call goes through the general path"
+    assert all(lane[2] == 0 for lane in pg._lanes.values())
+
+
+def test_the_general_path_serves_what_the_lane_must_not_take(no_detail, pg, adapter_calls):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    dist.all_reduce(inputs(rank, "float64", 0), group=pg)  # learn the lane
+    (lane,) = pg._lanes.values()
+    if lane[2] == 0:
+        pytest.skip("this group's engine has no lane (HPCDIST_SHM=1)")
+    # a strided view: not C-contiguous
+    base = np.zeros(2 * N)
+    base[::2] = inputs(rank, "float64", 1)
+    dist.all_reduce(base[::2], group=pg)
+    assert np.array_equal(base[::2], reference("SUM", "float64", 1, n)) and not base[1::2].any()
+    # a read-only array: the argument error of the general path, raised before any message moves
+    ro = inputs(rank, "float64", 2)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        dist.all_reduce(ro, group=pg)
+    # an array as large as the lane's bound (the shared-memory engine's range on a node) and an async call
+    if lane[2] < 64 << 20:
+        big = np.full(lane[2] // 8, float(rank + 1))
+        dist.all_reduce(big, group=pg)
+        assert np.all(big == n * (n + 1) / 2)
+    work = dist.all_reduce(x := inputs(rank, "float64", 3), group=pg, async_op=True)
+    work.wait()
+    assert np.array_equal(x, reference("SUM", "float64", 3, n))
+    assert len(adapter_calls) == (5 if lane[2] < 64 << 20 else 4)
+
+
+def test_detail_mode_checks_every_call_so_it_takes_no_lane(pg, adapter_calls):
+    before = get_debug_level()
+    rank, n = dist.get_rank(), dist.get_world_size()
+    dist.all_reduce(inputs(rank, "float64", 0), group=pg)
+    set_debug_level(DebugLevel.DETAIL)
+    try:
+        x = inputs(rank, "float64", 1)
+        dist.all_reduce(x, group=pg)
+        assert np.array_equal(x, reference("SUM", "float64", 1, n))
+    finally:
+        set_debug_level(before)
+    dist.all_reduce(inputs(rank, "float64", 2), group=pg)
+    lanes = before != DebugLevel.DETAIL and pg.engine("cpu").fast_all_reduce_below > 0  # else every call adapts
+    assert len(adapter_calls) == (2 if lanes else 3)  # the first call and the DETAIL one
+
+
+def test_lane_calls_are_recorded_by_the_flight_recorder(no_detail, pg):
+    ring = pg._flight
+    if ring is None:
+        pytest.skip("the flight recorder is off (HPCDIST_FLIGHT_RECORDER=0)")
+    rank = dist.get_rank()
+    for salt in range(3):
+        dist.all_reduce(inputs(rank, "int64", salt), group=pg)
+    entries = [e for e in ring.colls if e is not None]
+    assert [e[1:5] for e in entries] == [["all_reduce", "int64", N, -1]] * 3
+    assert all(e[END] is True for e in entries)
+
+
+def test_destroying_a_group_drops_its_lanes(no_detail, pg):
+    dist.all_reduce(np.ones(3), group=pg)
+    assert pg._lanes
+    lanes = pg._lanes
+    dist.destroy_process_group(pg)
+    assert not lanes
+    with pytest.raises(ValueError, match="destroyed"):
+        dist.all_reduce(np.ones(3), group=pg)
+
+
+def test_an_engine_with_its_own_path_for_large_arrays_bounds_its_lane(pg, monkeypatch):
+    from hpcdist.backends.hierarchical import HierarchicalEngine
+    from hpcdist.ops import resolve_op
+
+    rop = resolve_op(ReduceOp.SUM, "float64")
+    eng = pg.engine("cpu")
+    windows = getattr(eng, "windows", None)  # the shared-memory engine: its all_reduce range starts the lane's end
+    bound = (windows["all_reduce"][0] if windows else 1 << 62) or None
+    got = eng.host_all_reduce_lane("float64", rop)
+    assert (got and got[0]) == bound
+    monkeypatch.setenv("HPCDIST_HIER_MIN_BYTES", "4096")
+    assert HierarchicalEngine(pg).host_all_reduce_lane("float64", rop)[0] == 4096
+    monkeypatch.setenv("HPCDIST_HIER", "1")  # hierarchical at every size: no lane at all
+    assert HierarchicalEngine(pg).host_all_reduce_lane("float64", rop) is None
