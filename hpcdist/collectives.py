@@ -204,17 +204,16 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
         return None
     lane = None
     if type(tensor) is _ndarray and not async_op and not DETAIL[0]:
-        lane = pg._lanes.get((id(tensor.dtype), op))
-        # a lane: this dtype and op passed every check before, and the engine runs such calls in one step
-        if lane is not None and tensor.nbytes < lane[2]:
-            flags = tensor.flags
-            if flags.c_contiguous and flags.writeable:
-                fr = pg._flight
-                entry = None if fr is None else fr.coll("all_reduce", lane[1], tensor.size, -1)
-                lane[3](tensor)
-                if entry is not None:
-                    entry[END] = True
-                return None
+        lane = (pg._sum_lanes if op is SUM else pg._lanes.get(op, _NO_LANES)).get(id(tensor.dtype))
+        # a lane: this dtype and op passed every check before, and the engine runs such calls in one step;
+        # the array must be small enough, C-contiguous, aligned and writable (flags.carray)
+        if lane is not None and tensor.nbytes < lane[2] and tensor.flags.carray:
+            fr = pg._flight
+            entry = None if fr is None else fr.coll("all_reduce", lane[1], tensor.size, -1)
+            lane[3](tensor)
+            if entry is not None:
+                entry[END] = True
+            return None
     buf = adapt(tensor, "tensor", True)
     dtype = buf.dtype
     rop = _OP_CACHE.get((op, dtype)) or resolve_op(op, dtype)
@@ -229,7 +228,7 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
     if work is None:  # a blocking call that completed
         if entry is not None:
             entry[END] = True
-        if lane is None and buf.arr is tensor and not DETAIL[0] and len(pg._lanes) < _MAX_LANES:
+        if lane is None and buf.arr is tensor and rop.premul is None and not DETAIL[0]:
             _learn_lane(pg, tensor.dtype, op, dtype, rop, eng)
         return None
     if async_op:
@@ -242,8 +241,8 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
     return None
 
 
-#: the most (dtype, op) lanes a group keeps (ops with a factor never get one)
-_MAX_LANES = 64
+#: no lane for this op yet
+_NO_LANES: dict[int, Any] = {}
 
 
 def _learn_lane(pg: ProcessGroup, np_dtype: Any, op: Any, dtype: str, rop: Any, eng: Any) -> None:
@@ -255,7 +254,9 @@ def _learn_lane(pg: ProcessGroup, np_dtype: Any, op: Any, dtype: str, rop: Any, 
     flags and the size bound) before the lane moves them.
     """
     got = eng.host_all_reduce_lane(dtype, rop) or (0, None)  # none: a lane of 0 bytes, never taken
-    pg._lanes[(id(np_dtype), op)] = (np_dtype, dtype, got[0], got[1])
+    by_dtype = pg._lanes.setdefault(op, {})
+    if len(by_dtype) < 64:  # NumPy has fewer dtypes than that, but a program can make new dtype objects
+        by_dtype[id(np_dtype)] = (np_dtype, dtype, got[0], got[1])
 
 
 def reduce(

@@ -34,6 +34,7 @@ from ._world import not_initialized
 from .backends import Engine, parse_backend
 from .backends.selection import select_engine
 from .flight import new_ring
+from .ops import RedOpType
 
 __all__ = [
     "GroupMember",
@@ -79,8 +80,10 @@ class ProcessGroup:
         self._backend_map = backend
         self._backend_str = backend_str
         self._engines: dict[str, Engine] = {}
-        # (id(NumPy dtype), op) -> (dtype, dtype name, max bytes, run): hpcdist.all_reduce's hot path (collectives._lane)
-        self._lanes: dict[tuple[int, Any], tuple[Any, str, int, Any]] = {}
+        # op -> id(NumPy dtype) -> (dtype, dtype name, max bytes, run): hpcdist.all_reduce's lanes
+        # (collectives._learn_lane); SUM's, the most common, also at hand as _sum_lanes
+        self._lanes: dict[Any, dict[int, tuple[Any, str, int, Any]]] = {}
+        self._sum_lanes = self._lanes[RedOpType.SUM] = {}
         self.group_name = group_name
         self.group_desc = group_desc
         self._store = store
@@ -170,6 +173,7 @@ class ProcessGroup:
             return
         self._destroyed = True
         self._lanes.clear()
+        self._sum_lanes.clear()
         for eng in self._engines.values():
             eng.close()
         self._engines.clear()

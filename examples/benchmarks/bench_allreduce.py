@@ -19,31 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import time
 
 import numpy as np
+from _timing import iterations, per_call  # this folder
 from mpi4py import MPI
 
 import hpcdist as dist
-
-
-def _iters(nbytes: int) -> int:
-    if nbytes <= 64 * 1024:
-        return 2000
-    if nbytes <= 1 << 20:
-        return 200
-    if nbytes <= 8 << 20:
-        return 30
-    return 8
-
-
-def _time(fn, iters: int, comm) -> float:
-    comm.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    t = (time.perf_counter() - t0) / iters
-    return comm.allreduce(t, op=MPI.MAX)
 
 
 def main() -> None:
@@ -75,7 +56,7 @@ def main() -> None:
     while nbytes <= args.max_bytes:
         n = nbytes // 8
         a = np.ones(n)
-        it = _iters(nbytes)
+        it = iterations(nbytes, 2000)
         best = {"raw": float("inf"), "poll": float("inf"), "block": float("inf"), "gloo": float("inf")}
 
         def f_raw(a=a):
@@ -95,11 +76,11 @@ def main() -> None:
             tdist.all_reduce(tt)
 
         for _ in range(args.rounds):
-            best["raw"] = min(best["raw"], _time(f_raw, it, raw))
-            best["poll"] = min(best["poll"], _time(f_poll, it, raw))
-            best["block"] = min(best["block"], _time(f_block, it, raw))
+            best["raw"] = min(best["raw"], per_call(f_raw, it, raw))
+            best["poll"] = min(best["poll"], per_call(f_poll, it, raw))
+            best["block"] = min(best["block"], per_call(f_block, it, raw))
             if tdist is not None:
-                best["gloo"] = min(best["gloo"], _time(f_gloo, max(it // 10, 3), raw))
+                best["gloo"] = min(best["gloo"], per_call(f_gloo, max(it // 10, 3), raw))
         rows.append((nbytes, best))
         nbytes *= 2 if nbytes < 1024 else 4
     if rank == 0:

@@ -15,25 +15,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from functools import partial
 
 import numpy as np
+from _timing import per_call  # this folder
 from mpi4py import MPI
 
 import hpcdist as dist
 from hpcdist.flight import END, Ring
-
-
-def _best(fn, iters: int, rounds: int, comm) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / iters)
-    return comm.allreduce(best, op=MPI.MAX) * 1e6
 
 
 def main() -> None:
@@ -64,8 +53,8 @@ def main() -> None:
     rows = [
         (
             "recorder alone (no MPI)",
-            _best(alone, args.iters, args.rounds, comm),
-            _best(nothing, args.iters, args.rounds, comm),
+            1e6 * per_call(alone, args.iters, comm, args.rounds),
+            1e6 * per_call(nothing, args.iters, comm, args.rounds),
         )
     ]
     cases = {
@@ -88,8 +77,8 @@ def main() -> None:
     for name, fn in cases.items():
         t_on = t_off = float("inf")
         for _ in range(3):  # interleave the two groups to share the machine's noise
-            t_on = min(t_on, _best(partial(fn, on), args.iters // 4, args.rounds, comm))
-            t_off = min(t_off, _best(partial(fn, off), args.iters // 4, args.rounds, comm))
+            t_on = min(t_on, 1e6 * per_call(partial(fn, on), args.iters // 4, comm, args.rounds))
+            t_off = min(t_off, 1e6 * per_call(partial(fn, off), args.iters // 4, comm, args.rounds))
         rows.append((name, t_on, t_off))
     if me == 0:
         print(f"flight recorder overhead, {n} rank(s), HPCDIST_WAIT={os.environ['HPCDIST_WAIT']}")

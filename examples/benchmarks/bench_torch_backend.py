@@ -59,27 +59,9 @@ import subprocess
 import sys
 import time
 
+from _timing import iterations, per_call  # this folder
+
 SIZES = (8, 64, 512, 4096, 32768, 262144, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
-
-
-def _iters(nbytes: int) -> int:
-    if nbytes <= 64 * 1024:
-        return 1000
-    if nbytes <= 1 << 20:
-        return 100
-    if nbytes <= 8 << 20:
-        return 20
-    return 5
-
-
-def _time(fn, iters: int, comm, MPI) -> float:
-    """Seconds per call of ``fn``, the slowest rank's."""
-    comm.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    t = (time.perf_counter() - t0) / iters
-    return comm.allreduce(t, op=MPI.MAX)
 
 
 def bench_allreduce(args, tdist, gloo, comm, MPI) -> list[str]:
@@ -91,7 +73,7 @@ def bench_allreduce(args, tdist, gloo, comm, MPI) -> list[str]:
     for nbytes in (n for n in SIZES if n <= args.max_bytes):
         t = torch.zeros(nbytes // 4, dtype=torch.float32)  # zeros: repeated sums stay finite
         a = t.numpy()  # the same memory
-        it = max(3, _iters(nbytes) // args.scale)
+        it = max(3, iterations(nbytes, 1000) // args.scale)
         paths = {
             "raw": lambda a=a: comm.Allreduce(MPI.IN_PLACE, a),
             "direct": lambda t=t: hpcdist.all_reduce(t),
@@ -102,7 +84,7 @@ def bench_allreduce(args, tdist, gloo, comm, MPI) -> list[str]:
         for _ in range(args.rounds):
             for name, fn in paths.items():
                 n = it if name != "gloo" else max(it // 10, 3)  # gloo is slow at small sizes: fewer calls
-                best[name] = min(best[name], _time(fn, n, comm, MPI))
+                best[name] = min(best[name], per_call(fn, n, comm))
         rows.append((nbytes, best))
     head = (
         "| bytes | raw mpi4py µs | hpcdist direct µs | torch→hpcdist µs | dispatch adds µs | torch→gloo µs "
@@ -146,7 +128,7 @@ def bench_dispatch(args, tdist, comm, MPI) -> list[str]:
     best = [float("inf")] * len(steps)
     for _ in range(args.rounds):
         for i, (_, fn) in enumerate(steps):
-            best[i] = min(best[i], _time(fn, iters, comm, MPI))
+            best[i] = min(best[i], per_call(fn, iters, comm))
     out = ["| path (8 B, float32, SUM) | µs per call | over the row above µs |", "|---|---|---|"]
     for i, (name, _) in enumerate(steps):
         extra = f"{(best[i] - best[i - 1]) * 1e6:+.1f}" if i else ""

@@ -27,10 +27,10 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import time
 from collections.abc import Callable
 
 import numpy as np
+from _timing import per_call  # this folder
 from mpi4py import MPI
 
 import hpcdist as dist
@@ -44,14 +44,7 @@ from hpcdist.ops import ReduceOp, resolve_op
 
 def _best(fn: Callable[[], object], iters: int, rounds: int, comm: MPI.Intracomm) -> float:
     """ns per call: the best round on this rank, the slowest rank's best."""
-    best = float("inf")
-    for _ in range(rounds):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / iters)
-    return float(comm.allreduce(best, op=MPI.MAX)) * 1e9
+    return 1e9 * per_call(fn, iters, comm, rounds)
 
 
 def main() -> None:
@@ -92,15 +85,13 @@ def main() -> None:
         if DETAIL[0]:
             raise AssertionError
 
-    lane = pg._lanes[(id(a.dtype), SUM)]  # learned by the first call above
+    lane = pg._lanes[SUM][id(a.dtype)]  # learned by the first call above
     run = lane[3]
 
     def lane_checks() -> None:
-        got = pg._lanes.get((id(a.dtype), SUM))
-        if got is not None and a.nbytes < got[2]:
-            flags = a.flags
-            if not (flags.c_contiguous and flags.writeable):
-                raise AssertionError
+        got = pg._sum_lanes.get(id(a.dtype))
+        if got is None or a.nbytes >= got[2] or not a.flags.carray:
+            raise AssertionError
 
     steps: list[tuple[str, Callable[[], object]]] = [
         ("resolve_group (group= a ProcessGroup)", lambda: resolve_group(pg, "all_reduce")),
