@@ -2,7 +2,8 @@
 
 Each takes flat (1-D, C-contiguous) NumPy arrays and moves them through the
 segment in chunks that fit its slots, pipelined over the three rotating sets
-(one sync per chunk). They are the building blocks of the shared-memory
+(one sync per chunk; two for all_reduce and reduce, whose chunks go in,
+are reduced slice by slice, and come out). They are the building blocks of the shared-memory
 engine and of hierarchical engines (which call them on a node communicator's
 segment). SPMD: every rank of the segment's communicator calls the same
 function with arrays of the same sizes (the chunk schedule, hence the syncs,
@@ -27,7 +28,6 @@ from ...buffers.reduction import f32_to_bf16_bits, premultiply, scale_average
 from .segment import Segment
 
 __all__ = [
-    "DIRECT_MAX",
     "UFUNCS",
     "all_gather",
     "all_reduce",
@@ -94,12 +94,124 @@ def _two_stage(seg: Segment, chunks: int, write: Callable[[int, int], None], rea
             seg.sync()
 
 
-def _reduce_slice(seg: Segment, set_: int, dt: np.dtype, count: int, lo: int, hi: int, rows: int, ufunc: Any) -> Any:
-    """Reduce ``[lo, hi)`` of the first ``count`` items over ``rows`` slots into slot 0, in rank order."""
-    acc = seg.slot(set_, 0, dt, count)[lo:hi]
-    for r in range(1, rows):
-        ufunc(acc, seg.slot(set_, r, dt, count)[lo:hi], out=acc)
-    return acc
+def _bounds(e: int, n: int) -> list[int]:
+    """The slice starts of an ``e``-item chunk split over ``n`` ranks (slice ``r`` is ``[b[r], b[r + 1])``)."""
+    return [e * r // n for r in range(n + 1)]
+
+
+def _reduce_ordered(parts: list[np.ndarray], out: np.ndarray, ufunc: Any) -> None:
+    """``out = ((parts[0] op parts[1]) op parts[2]) ...``: rank order, whatever ``out`` aliases.
+
+    ``out`` may be ``parts[0]`` or ``parts[1]`` exactly (the ufunc reads each
+    element before writing it); overlapping a later part, it is computed aside.
+    """
+    if any(np.may_share_memory(out, p) for p in parts[2:]):
+        acc = ufunc(parts[0], parts[1])
+        for p in parts[2:]:
+            ufunc(acc, p, out=acc)
+        np.copyto(out, acc)
+        return
+    ufunc(parts[0], parts[1], out=out)
+    for p in parts[2:]:
+        ufunc(out, p, out=out)
+
+
+class _Reduction:
+    """One reduction of ``src`` over the segment's ranks, chunk by chunk: every rank reduces one slice.
+
+    Per chunk (at most a slot of the work dtype): :meth:`load` copies into this
+    rank's slot what the other ranks reduce — all but this rank's own slice,
+    whose part it reads from ``src`` itself, unless the items are converted on
+    the way in (half floats widened, PREMUL_SUM multiplied: then all of it);
+    after a sync :meth:`reduce_mine` reduces this rank's slice over the ranks in
+    rank order into its slot's slice; after another sync :meth:`copy_out` copies
+    the slices (every rank's result) out. Each element is computed by one rank,
+    so every rank gets the same bits.
+    """
+
+    def __init__(
+        self, seg: Segment, src: np.ndarray, mpi_op: str, half: str | None, premul: Any, average: bool
+    ) -> None:
+        self.seg, self.src, self.half, self.premul, self.average = seg, src, half, premul, average
+        self.dt = dt = work_dtype(src, half)
+        self.k = seg.slot_bytes // dt.itemsize  # items per chunk: one slot
+        self.items = seg.items(dt)
+        self.n_set = seg.set_bytes // dt.itemsize  # items per set
+        self.ufunc = UFUNCS[mpi_op]
+        self.direct = half is None and premul is None  # this rank's part of its slice is read from src
+
+    def chunk(self, c: int) -> tuple[int, int, list[int]]:
+        """(first item, items, slice bounds) of chunk ``c``."""
+        lo = c * self.k
+        e = min(self.k, self.src.size - lo)
+        return lo, e, _bounds(e, self.seg.size)
+
+    def slots(self, set_: int) -> list[int]:
+        """The first item of every rank's slot in ``set_`` (in :meth:`Segment.items`)."""
+        base = set_ * self.n_set
+        return [base + r * self.k for r in range(self.seg.size)]
+
+    def load(self, c: int, set_: int) -> None:
+        src, me = self.src, self.seg.rank
+        lo, e, b = self.chunk(c)
+        at = self.slots(set_)[me]
+        slot = self.items[at : at + e]
+        if not self.direct:
+            _load(slot, src[lo : lo + e], self.half, self.premul)
+            return
+        a, z = b[me], b[me + 1]
+        if a > 0:
+            np.copyto(slot[:a], src[lo : lo + a])
+        if z < e:
+            np.copyto(slot[z:], src[lo + z : lo + e])
+
+    def reduce_mine(self, c: int, set_: int) -> None:
+        n, me, items = self.seg.size, self.seg.rank, self.items
+        lo, _, b = self.chunk(c)
+        a, z = b[me], b[me + 1]
+        if z == a:
+            return
+        parts = [items[at + a : at + z] for at in self.slots(set_)]
+        out = parts[me]
+        if self.direct:
+            parts[me] = self.src[lo + a : lo + z]
+        _reduce_ordered(parts, out, self.ufunc)
+        if self.average:
+            scale_average(out, n)
+
+    def copy_out(self, c: int, set_: int, dst: np.ndarray) -> None:
+        lo, _, b = self.chunk(c)
+        items, half, n, me = self.items, self.half, self.seg.size, self.seg.rank
+        slots = self.slots(set_)
+        for i in range(n):  # this rank's own slice first (in its cache), then the next ranks': no two ranks
+            r = (me + i) % n  # read the same slot at once
+            a, z, at = b[r], b[r + 1], slots[r]
+            if z > a:
+                if half is None:
+                    np.copyto(dst[lo + a : lo + z], items[at + a : at + z])
+                else:
+                    _store(dst[lo + a : lo + z], items[at + a : at + z], half)
+
+    def run(self, dst: np.ndarray | None) -> None:
+        """The whole reduction, results into ``dst`` (None: this rank keeps none); two syncs a chunk, pipelined:
+        chunk ``c + 1``'s copy-in shares the interval of chunk ``c``'s copy-out."""
+        seg = self.seg
+        chunks = -(-self.src.size // self.k)
+        set_ = seg.set_of(seg.step)
+        self.load(0, set_)
+        seg.sync()
+        for c in range(chunks):
+            self.reduce_mine(c, set_)
+            seg.sync()
+            last = c + 1 == chunks
+            nxt = set_ if last else seg.set_of(seg.step)
+            if not last:
+                self.load(c + 1, nxt)
+            if dst is not None:
+                self.copy_out(c, set_, dst)
+            if not last:
+                seg.sync()
+            set_ = nxt
 
 
 def all_reduce(
@@ -113,20 +225,12 @@ def all_reduce(
 ) -> None:
     """Reduce ``src`` over the segment's ranks into ``dst`` on every rank (``dst`` may be ``src``).
 
-    Groups of up to :data:`DIRECT_MAX` ranks: :func:`reduce` on every rank
-    (one copy in, one reduction straight into ``dst``, one sync per chunk);
-    larger ones: :func:`_all_reduce_slices` (each rank reduces one slice).
+    A reduce-scatter and an all-gather inside the segment (:class:`_Reduction`):
+    per rank and element, at most one copy in, ``1/n`` of a reduction and one
+    copy out; two syncs a chunk.
     """
-    if src.size == 0:
-        return
-    if seg.size <= DIRECT_MAX:
-        reduce(seg, src, dst, mpi_op, half, premul, average)
-    else:
-        _all_reduce_slices(seg, src, dst, mpi_op, half, premul, average)
-
-
-#: the largest group whose ranks each reduce whole chunks (more ranks: each reduces a slice)
-DIRECT_MAX = 2
+    if src.size:
+        _Reduction(seg, src, mpi_op, half, premul, average).run(dst)
 
 
 def reduce(
@@ -138,73 +242,13 @@ def reduce(
     premul: Any = None,
     average: bool = False,
 ) -> None:
-    """Each rank copies its chunk into its slot; after one sync every rank that keeps a result reduces all
-    slots, in rank order, straight into its ``dst`` (the same operations on the same bits: the same result).
+    """Reduce ``src`` over the segment's ranks into ``dst`` on the rank(s) that pass one (others pass None).
 
-    Per rank and element: one copy and one ``n``-way reduction; no
-    intermediate result in the segment and no second sync per chunk.
+    As :func:`all_reduce` (every rank reduces one slice), but only the ranks
+    with a ``dst`` copy the results out.
     """
-    n, me = seg.size, seg.rank
-    dt = work_dtype(src, half)
-    total = src.size
-    k = seg.slot_bytes // dt.itemsize
-    ufunc = UFUNCS[mpi_op]
-    scratch = np.empty(min(k, total), dtype=dt) if (half and dst is not None) else None
-    for lo in range(0, total, k):
-        e = min(k, total - lo)
-        set_ = seg.set_of(seg.step)
-        _load(seg.slot(set_, me, dt, e), src[lo : lo + e], half, premul)
-        seg.sync()
-        if dst is None:
-            continue
-        out = dst[lo : lo + e] if scratch is None else scratch[:e]
-        ufunc(seg.slot(set_, 0, dt, e), seg.slot(set_, 1, dt, e), out=out)
-        for r in range(2, n):
-            ufunc(out, seg.slot(set_, r, dt, e), out=out)
-        if average:
-            scale_average(out, n)
-        if scratch is not None:
-            _store(dst[lo : lo + e], out, half)
-
-
-def _all_reduce_slices(
-    seg: Segment,
-    src: np.ndarray,
-    dst: np.ndarray,
-    mpi_op: str,
-    half: str | None,
-    premul: Any,
-    average: bool,
-) -> None:
-    """Three stages per chunk (copy in, reduce this rank's slice in slot 0, copy out),
-    pipelined so that a chunk's copy-in overlaps the previous one's reduction: one sync per chunk."""
-    n, me = seg.size, seg.rank
-    dt = work_dtype(src, half)
-    total = src.size
-    k = seg.slot_bytes // dt.itemsize
-    chunks = -(-total // k)
-    ufunc = UFUNCS[mpi_op]
-
-    def write(c: int, set_: int) -> None:
-        lo = c * k
-        e = min(k, total - lo)
-        _load(seg.slot(set_, me, dt, e), src[lo : lo + e], half, premul)
-
-    sets = [seg.set_of(seg.step)]
-    write(0, sets[0])
-    seg.sync()
-    for c in range(chunks):
-        e = min(k, total - c * k)
-        lo, hi = e * me // n, e * (me + 1) // n
-        if hi > lo:
-            acc = _reduce_slice(seg, sets[c], dt, e, lo, hi, n, ufunc)
-            if average:
-                scale_average(acc, n)
-        if c + 1 < chunks:
-            sets.append(seg.set_of(seg.step))
-            write(c + 1, sets[c + 1])
-        seg.sync()
-        _store(dst[c * k : c * k + e], seg.slot(sets[c], 0, dt, e), half)
+    if src.size:
+        _Reduction(seg, src, mpi_op, half, premul, average).run(dst)
 
 
 def broadcast(seg: Segment, arr: np.ndarray, root: int) -> None:

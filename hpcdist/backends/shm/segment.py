@@ -131,6 +131,7 @@ class Segment:
         self.mem = np.frombuffer(self._map, dtype=np.uint8, count=total)
         self._ctrl = memoryview(self._map)[:ctrl].cast("q")
         self.data = self.mem[ctrl:]
+        self._typed: dict[np.dtype, np.ndarray] = {}  # dtype -> the data area viewed as it (items())
         self._mine = self.rank * (_LINE // 8)
         self._others = [r * (_LINE // 8) for r in range(n) if r != self.rank]
         self._fence_win = _fence_window()
@@ -148,6 +149,16 @@ class Segment:
         dt = np.dtype(dtype)
         off = set_ * self.set_bytes + rank * self.slot_bytes + start * dt.itemsize
         return self.data[off : off + count * dt.itemsize].view(dt)
+
+    def items(self, dtype: Any) -> np.ndarray:
+        """The data area as one 1-D array of ``dtype`` (cached): slot ``r`` of set ``s`` starts at item
+        ``(s * size + r) * slot_bytes // itemsize`` — what hot loops slice instead of calling :meth:`slot`."""
+        dt = np.dtype(dtype)
+        view = self._typed.get(dt)
+        if view is None:
+            usable = self.data.size // dt.itemsize * dt.itemsize
+            view = self._typed[dt] = self.data[:usable].view(dt)
+        return view
 
     def whole(self, set_: int, dtype: Any, count: int) -> np.ndarray:
         """``count`` items of ``dtype`` over the whole of set ``set_`` (all slots, for one writer)."""
@@ -202,6 +213,7 @@ class Segment:
             return
         self._ctrl.release()
         self.mem = self.data = np.empty(0, np.uint8)
+        self._typed.clear()
         win, self._fence_win = self._fence_win, None
         if win is not None:
             win.Unlock_all()
