@@ -105,7 +105,7 @@ def _reduce_ordered(parts: list[np.ndarray], out: np.ndarray, ufunc: Any) -> Non
     ``out`` may be ``parts[0]`` or ``parts[1]`` exactly (the ufunc reads each
     element before writing it); overlapping a later part, it is computed aside.
     """
-    if any(np.may_share_memory(out, p) for p in parts[2:]):
+    if len(parts) > 2 and any(np.may_share_memory(out, p) for p in parts[2:]):
         acc = ufunc(parts[0], parts[1])
         for p in parts[2:]:
             ufunc(acc, p, out=acc)
@@ -140,22 +140,19 @@ class _Reduction:
         self.ufunc = UFUNCS[mpi_op]
         self.direct = half is None and premul is None  # this rank's part of its slice is read from src
 
-    def chunk(self, c: int) -> tuple[int, int, list[int]]:
-        """(first item, items, slice bounds) of chunk ``c``."""
-        lo = c * self.k
-        e = min(self.k, self.src.size - lo)
-        return lo, e, _bounds(e, self.seg.size)
-
-    def slots(self, set_: int) -> list[int]:
-        """The first item of every rank's slot in ``set_`` (in :meth:`Segment.items`)."""
+    def plan(self, c: int, set_: int) -> tuple[int, int, list[int], list[int]]:
+        """Chunk ``c`` in ``set_``: its first item, its items, its slice bounds and every rank's slot start
+        (an index into :meth:`Segment.items`)."""
+        n, k = self.seg.size, self.k
+        lo = c * k
+        e = min(k, self.src.size - lo)
         base = set_ * self.n_set
-        return [base + r * self.k for r in range(self.seg.size)]
+        return lo, e, _bounds(e, n), [base + r * k for r in range(n)]
 
-    def load(self, c: int, set_: int) -> None:
+    def load(self, plan: tuple[int, int, list[int], list[int]]) -> None:
         src, me = self.src, self.seg.rank
-        lo, e, b = self.chunk(c)
-        at = self.slots(set_)[me]
-        slot = self.items[at : at + e]
+        lo, e, b, slots = plan
+        slot = self.items[slots[me] : slots[me] + e]
         if not self.direct:
             _load(slot, src[lo : lo + e], self.half, self.premul)
             return
@@ -165,24 +162,23 @@ class _Reduction:
         if z < e:
             np.copyto(slot[z:], src[lo + z : lo + e])
 
-    def reduce_mine(self, c: int, set_: int) -> None:
-        n, me, items = self.seg.size, self.seg.rank, self.items
-        lo, _, b = self.chunk(c)
+    def reduce_mine(self, plan: tuple[int, int, list[int], list[int]]) -> None:
+        me, items = self.seg.rank, self.items
+        lo, _, b, slots = plan
         a, z = b[me], b[me + 1]
         if z == a:
             return
-        parts = [items[at + a : at + z] for at in self.slots(set_)]
+        parts = [items[at + a : at + z] for at in slots]
         out = parts[me]
         if self.direct:
             parts[me] = self.src[lo + a : lo + z]
         _reduce_ordered(parts, out, self.ufunc)
         if self.average:
-            scale_average(out, n)
+            scale_average(out, len(slots))
 
-    def copy_out(self, c: int, set_: int, dst: np.ndarray) -> None:
-        lo, _, b = self.chunk(c)
-        items, half, n, me = self.items, self.half, self.seg.size, self.seg.rank
-        slots = self.slots(set_)
+    def copy_out(self, plan: tuple[int, int, list[int], list[int]], dst: np.ndarray) -> None:
+        lo, _, b, slots = plan
+        items, half, me, n = self.items, self.half, self.seg.rank, len(slots)
         for i in range(n):  # this rank's own slice first (in its cache), then the next ranks': no two ranks
             r = (me + i) % n  # read the same slot at once
             a, z, at = b[r], b[r + 1], slots[r]
@@ -197,21 +193,21 @@ class _Reduction:
         chunk ``c + 1``'s copy-in shares the interval of chunk ``c``'s copy-out."""
         seg = self.seg
         chunks = -(-self.src.size // self.k)
-        set_ = seg.set_of(seg.step)
-        self.load(0, set_)
+        plan = self.plan(0, seg.set_of(seg.step))
+        self.load(plan)
         seg.sync()
         for c in range(chunks):
-            self.reduce_mine(c, set_)
+            self.reduce_mine(plan)
             seg.sync()
             last = c + 1 == chunks
-            nxt = set_ if last else seg.set_of(seg.step)
+            nxt = plan if last else self.plan(c + 1, seg.set_of(seg.step))
             if not last:
-                self.load(c + 1, nxt)
+                self.load(nxt)
             if dst is not None:
-                self.copy_out(c, set_, dst)
+                self.copy_out(plan, dst)
             if not last:
                 seg.sync()
-            set_ = nxt
+            plan = nxt
 
 
 def all_reduce(
