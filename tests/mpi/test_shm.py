@@ -162,6 +162,28 @@ def test_reduce_scatter_forms(sgroup, size, kind, dtype, opname):
     check(out, ref, dtype)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
+def test_reduce_scatter_into_its_own_part_of_the_input(sgroup, dtype):
+    """The output is this rank's chunk of the input (FSDP's in-place form): the rank's own part is read from
+    the input it overwrites, so every rank past the first two must compute aside (fixed rank order kept)."""
+    g, members = sgroup
+    if not members:
+        return
+    n, gr, size = len(members), members.index(me()), 37
+    inputs = [np.random.default_rng(r).standard_normal(n * size).astype(dtype) for r in members]
+    ref = inputs[0].copy()
+    for a in inputs[1:]:
+        ref += a  # rank order
+    x = inputs[gr].copy()
+    out = x[gr * size : (gr + 1) * size]
+    dist.reduce_scatter_tensor(out, x, group=g)
+    assert out.tobytes() == ref[gr * size : (gr + 1) * size].tobytes()
+    ins = [x[i * size : (i + 1) * size] for i in range(n)]
+    x[:] = inputs[gr]
+    dist.reduce_scatter(ins[gr], ins, group=g)
+    assert ins[gr].tobytes() == ref[gr * size : (gr + 1) * size].tobytes()
+
+
 def test_bitwise_identical_fixed_order(sgroup):
     """float32 sums of random data: equal bytes on every rank, equal to NumPy adding in rank order, run to run."""
     g, members = sgroup

@@ -321,7 +321,9 @@ class MPIEngine(Engine):
         c = self.comm
         half = out.dtype in HALF_DTYPES
         send = prepare(inp, rop, copy=False)
-        recv = np.empty(out.arr.size, dtype=send.dtype) if (half or out.writeback is not None) else out.arr
+        # MPI forbids aliased buffers: an output inside the input (FSDP's in-place form) receives aside
+        aside = half or out.writeback is not None or np.may_share_memory(out.arr, send)
+        recv = np.empty(out.arr.size, dtype=send.dtype) if aside else out.arr
         size = c.Get_size()
 
         def post() -> None:

@@ -274,7 +274,7 @@ def all_gather(seg: Segment, src: np.ndarray, outs: list[np.ndarray]) -> None:
     dt = src.dtype
     total = src.size
     k = seg.slot_bytes // dt.itemsize
-    me = seg.rank
+    n, me = seg.size, seg.rank
 
     def write(c: int, set_: int) -> None:
         lo = c * k
@@ -284,8 +284,9 @@ def all_gather(seg: Segment, src: np.ndarray, outs: list[np.ndarray]) -> None:
     def read(c: int, set_: int) -> None:
         lo = c * k
         e = min(k, total - lo)
-        for r, out in enumerate(outs):
-            np.copyto(out[lo : lo + e], seg.slot(set_, r, dt, e))
+        for i in range(n):  # this rank's own slot first, then the next ranks' (no two ranks read one slot at once)
+            r = (me + i) % n
+            np.copyto(outs[r][lo : lo + e], seg.slot(set_, r, dt, e))
 
     _two_stage(seg, -(-total // k), write, read)
 
@@ -299,32 +300,46 @@ def reduce_scatter(
     premul: Any = None,
     average: bool = False,
 ) -> None:
-    """Reduce ``ins[r]`` (one per rank, equal sizes) over the ranks into ``dst`` on rank ``r``."""
+    """Reduce ``ins[r]`` (one per rank, equal sizes) over the ranks into ``dst`` on rank ``r``.
+
+    Per chunk every rank copies the rows the others reduce into its slot (its
+    own row too when items are converted on the way in: half floats, PREMUL_SUM),
+    then, after one sync, reduces its row in rank order, reading its own part
+    from ``ins[rank]`` itself (``dst`` may be that array).
+    """
     n, me = seg.size, seg.rank
     dt = work_dtype(dst, half)
     total = dst.size
-    k = max(1, seg.slot_bytes // (n * dt.itemsize))
+    k = max(1, seg.slot_bytes // (n * dt.itemsize))  # items per row and chunk
+    items, n_set, n_slot = seg.items(dt), seg.set_bytes // dt.itemsize, seg.slot_bytes // dt.itemsize
     ufunc = UFUNCS[mpi_op]
-
-    def rows(set_: int, rank: int, e: int) -> np.ndarray:
-        return seg.slot(set_, rank, dt, n * e).reshape(n, e)
+    direct = half is None and premul is None
 
     def write(c: int, set_: int) -> None:
         lo = c * k
         e = min(k, total - lo)
-        mine = rows(set_, me, e)
+        base = set_ * n_set + me * n_slot
         for j, src in enumerate(ins):
-            _load(mine[j], src[lo : lo + e], half, premul)
+            row = items[base + j * e : base + (j + 1) * e]
+            if not direct:
+                _load(row, src[lo : lo + e], half, premul)
+            elif j != me:
+                np.copyto(row, src[lo : lo + e])
 
     def read(c: int, set_: int) -> None:
         lo = c * k
         e = min(k, total - lo)
-        acc = rows(set_, 0, e)[me]
-        for r in range(1, n):
-            ufunc(acc, rows(set_, r, e)[me], out=acc)
+        parts = [items[set_ * n_set + r * n_slot + me * e :][:e] for r in range(n)]
+        if direct:
+            parts[me] = ins[me][lo : lo + e]
+            out = dst[lo : lo + e]
+        else:
+            out = parts[0]  # rank 0's copy of this rank's row: read only here
+        _reduce_ordered(parts, out, ufunc)
         if average:
-            scale_average(acc, n)
-        _store(dst[lo : lo + e], acc, half)
+            scale_average(out, n)
+        if not direct:
+            _store(dst[lo : lo + e], out, half)
 
     _two_stage(seg, -(-total // k), write, read)
 
