@@ -17,9 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from .buffers.adapters import adapt_list
+from .buffers.adapters import adapt, adapt_list
 from .collectives import SUM, all_reduce, all_reduce_coalesced, combine
+from .debug import DETAIL, check_collective
+from .flight import END
 from .group import resolve_group
+from .ops import resolve_op
 from .work import Work
 
 __all__ = ["DEFAULT_BUCKET_CAP_MB", "all_reduce_bucketed", "bucket_indices"]
@@ -96,7 +99,7 @@ def all_reduce_bucketed(
     if not tensors:
         return None
     cap = int(bucket_cap_mb * (1 << 20))
-    if not async_op and all(type(t) is np.ndarray and t.flags.c_contiguous for t in tensors):
+    if not async_op and all(type(t) is np.ndarray and t.flags.carray for t in tensors):
         _numpy_buckets(tensors, op, pg, cap)
         return None
     bufs = adapt_list(tensors, "tensors", True)
@@ -108,18 +111,27 @@ def all_reduce_bucketed(
 
 
 def _numpy_buckets(arrays: list[np.ndarray], op: Any, pg: Any, cap: int) -> None:
-    """The blocking path for C-contiguous NumPy arrays: plan, pack with one ``concatenate``, one
-    :func:`~hpcdist.all_reduce` per bucket, copy back (no per-array adapter objects)."""
-    plan = bucket_indices([a.nbytes for a in arrays], [a.dtype.str for a in arrays], cap)
+    """The blocking path for writable C-contiguous NumPy arrays: plan, then one collective per bucket through
+    the engine's :meth:`~hpcdist.backends.Engine.host_all_reduce_many` (no per-array adapter objects; the
+    shared-memory engine packs the arrays straight into its segment and copies the results straight back)."""
+    sizes = [a.nbytes for a in arrays]
+    plan = bucket_indices(sizes, [a.dtype.str for a in arrays], cap)
+    eng = pg.engine("cpu")
+    fr = pg._flight
     for idx in plan:
         if len(idx) == 1:
             all_reduce(arrays[idx[0]], op, pg)
             continue
-        parts = [arrays[i].reshape(-1) for i in idx]
-        flat = np.concatenate(parts)
-        all_reduce(flat, op, pg)
-        lo = 0
-        for part in parts:
-            hi = lo + part.size
-            part[...] = flat[lo:hi]
-            lo = hi
+        first = adapt(arrays[idx[0]], f"tensors[{idx[0]}]", True)  # the bucket's dtype (all share it) is supported
+        rop = resolve_op(op, first.dtype)
+        flats = [a if a.ndim == 1 else a.reshape(-1) for a in (arrays[i] for i in idx)]
+        nbytes = sum(sizes[i] for i in idx)
+        count = nbytes // arrays[idx[0]].itemsize
+        entry = None if fr is None else fr.coll("all_reduce_bucketed", first.dtype, count, -1)
+        if DETAIL[0]:
+            check_collective(
+                pg, f"all_reduce_bucketed({first.dtype}, {rop.kind.name}, {len(idx)} arrays, {count} items)"
+            )
+        eng.host_all_reduce_many(flats, first.dtype, rop, nbytes)
+        if entry is not None:
+            entry[END] = True

@@ -43,6 +43,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import numpy as np
+
 from ..buffers.adapters import Buf
 from ..ops import ResolvedOp
 from ..work import Work
@@ -94,6 +96,24 @@ class Engine(ABC):
         small calls (see docs/architecture.md). The default is None: no lane.
         """
         return None
+
+    def host_all_reduce_many(self, arrays: list[Any], dtype: str, rop: ResolvedOp, nbytes: int) -> None:
+        """All-reduce several flat C-contiguous writable host NumPy arrays of logical ``dtype`` (``nbytes`` in all)
+        as one, blocking, each in place (:func:`hpcdist.all_reduce_bucketed`).
+
+        The default packs them into one array, runs :meth:`all_reduce` on it and
+        copies the results back; an engine that can reduce the arrays where
+        they lie (the shared-memory engine) overrides it.
+        """
+        flat = np.concatenate(arrays)
+        work = self.all_reduce(Buf(flat, flat, dtype), rop, sync=True)
+        if work is not None:
+            work.wait()
+        lo = 0
+        for a in arrays:
+            hi = lo + a.size
+            a[...] = flat[lo:hi]
+            lo = hi
 
     @abstractmethod
     def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work | None:

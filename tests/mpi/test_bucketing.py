@@ -40,3 +40,34 @@ def test_all_reduce_bucketed(group, members, kind, cap_mb, async_op):
 def test_bucketed_bad_cap():
     with pytest.raises(ValueError, match="bucket_cap_mb"):
         dist.all_reduce_bucketed([np.ones(2)], bucket_cap_mb=0)
+
+
+@pytest.mark.parametrize("opname", ["SUM", "MAX", "AVG", "PREMUL_SUM"])
+def test_bucketed_ops_and_shapes_match_numpy(group, members, opname):
+    """One bucket of NumPy arrays of several shapes (n-D ones too), every op the bucket path supports."""
+    if not members:
+        return
+    n = len(members)
+    op = ReduceOp.PREMUL_SUM(0.5) if opname == "PREMUL_SUM" else getattr(ReduceOp, opname)
+    shapes = [(7,), (3, 4), (1,), (2, 3, 5), (64,)]
+
+    def inputs(rank: int) -> list[np.ndarray]:
+        rng = np.random.default_rng(rank)
+        return [rng.integers(-9, 9, size=s).astype(np.float64) for s in shapes]
+
+    xs = inputs(dist.get_rank())
+    dist.all_reduce_bucketed(xs, op=op, group=group)
+    stack = [np.stack([inputs(r)[i] for r in members]) for i in range(len(shapes))]
+    for x, st in zip(xs, stack):
+        want = {"SUM": st.sum(0), "MAX": st.max(0), "AVG": st.sum(0) / n, "PREMUL_SUM": (st * 0.5).sum(0)}[opname]
+        assert x.shape == st.shape[1:] and np.array_equal(x, want), (opname, x, want)
+
+
+def test_bucketed_read_only_array_is_refused_before_anything_moves(group, members):
+    if not members:
+        return
+    xs = [np.ones(3), np.ones(4)]
+    xs[1].flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        dist.all_reduce_bucketed(xs, group=group)
+    assert np.array_equal(xs[0], np.ones(3))  # nothing was reduced

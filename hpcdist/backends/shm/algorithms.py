@@ -19,7 +19,9 @@ owner's slice after the sum (integers truncate toward zero), as the MPI path.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -29,6 +31,7 @@ from .segment import Segment
 
 __all__ = [
     "UFUNCS",
+    "all_reduce_list",
     "all_gather",
     "all_reduce",
     "all_to_all",
@@ -116,6 +119,42 @@ def _reduce_ordered(parts: list[np.ndarray], out: np.ndarray, ufunc: Any) -> Non
         ufunc(out, p, out=out)
 
 
+class _Pieces:
+    """Several flat arrays of one dtype seen as their concatenation (nothing is copied)."""
+
+    def __init__(self, arrays: list[np.ndarray]) -> None:
+        self.arrays = arrays
+        self.starts = list(accumulate((a.size for a in arrays), initial=0))
+        self.size = self.starts[-1]
+        self.dtype = arrays[0].dtype
+
+    def views(self, lo: int, hi: int) -> list[tuple[int, np.ndarray]]:
+        """``(offset from lo, view)`` of every array's part in items ``[lo, hi)`` of the concatenation, in order."""
+        starts, arrays = self.starts, self.arrays
+        i = bisect_right(starts, lo) - 1
+        out = []
+        while i < len(arrays) and starts[i] < hi:
+            s = starts[i]
+            a, b = max(lo, s), min(hi, starts[i + 1])
+            if b > a:
+                out.append((a - lo, arrays[i][a - s : b - s]))
+            i += 1
+        return out
+
+    def gather(self, out: np.ndarray, lo: int) -> None:
+        """Items ``[lo, lo + out.size)`` of the concatenation into ``out``."""
+        parts = [v for _, v in self.views(lo, lo + out.size)]
+        if len(parts) == 1:
+            np.copyto(out, parts[0])
+        else:
+            np.concatenate(parts, out=out)
+
+    def scatter(self, res: np.ndarray, lo: int) -> None:
+        """``res`` into items ``[lo, lo + res.size)`` of the arrays."""
+        for off, v in self.views(lo, lo + res.size):
+            np.copyto(v, res[off : off + v.size])
+
+
 class _Reduction:
     """One reduction of ``src`` over the segment's ranks, chunk by chunk: every rank reduces one slice.
 
@@ -130,15 +169,16 @@ class _Reduction:
     """
 
     def __init__(
-        self, seg: Segment, src: np.ndarray, mpi_op: str, half: str | None, premul: Any, average: bool
+        self, seg: Segment, src: np.ndarray | _Pieces, mpi_op: str, half: str | None, premul: Any, average: bool
     ) -> None:
         self.seg, self.src, self.half, self.premul, self.average = seg, src, half, premul, average
-        self.dt = dt = work_dtype(src, half)
+        self.dt = dt = np.dtype(np.float32) if half else src.dtype
         self.k = seg.slot_bytes // dt.itemsize  # items per chunk: one slot
         self.items = seg.items(dt)
         self.n_set = seg.set_bytes // dt.itemsize  # items per set
         self.ufunc = UFUNCS[mpi_op]
-        self.direct = half is None and premul is None  # this rank's part of its slice is read from src
+        # this rank's part of its slice is read from src (one array, items not converted on the way in)
+        self.direct = half is None and premul is None and isinstance(src, np.ndarray)
 
     def plan(self, c: int, set_: int) -> tuple[int, int, list[int], list[int]]:
         """Chunk ``c`` in ``set_``: its first item, its items, its slice bounds and every rank's slot start
@@ -153,6 +193,11 @@ class _Reduction:
         src, me = self.src, self.seg.rank
         lo, e, b, slots = plan
         slot = self.items[slots[me] : slots[me] + e]
+        if isinstance(src, _Pieces):
+            src.gather(slot, lo)
+            if self.premul is not None:
+                premultiply(slot, self.premul)
+            return
         if not self.direct:
             _load(slot, src[lo : lo + e], self.half, self.premul)
             return
@@ -170,25 +215,27 @@ class _Reduction:
             return
         parts = [items[at + a : at + z] for at in slots]
         out = parts[me]
-        if self.direct:
+        if self.direct and isinstance(self.src, np.ndarray):
             parts[me] = self.src[lo + a : lo + z]
         _reduce_ordered(parts, out, self.ufunc)
         if self.average:
             scale_average(out, len(slots))
 
-    def copy_out(self, plan: tuple[int, int, list[int], list[int]], dst: np.ndarray) -> None:
+    def copy_out(self, plan: tuple[int, int, list[int], list[int]], dst: np.ndarray | _Pieces) -> None:
         lo, _, b, slots = plan
         items, half, me, n = self.items, self.half, self.seg.rank, len(slots)
         for i in range(n):  # this rank's own slice first (in its cache), then the next ranks': no two ranks
             r = (me + i) % n  # read the same slot at once
             a, z, at = b[r], b[r + 1], slots[r]
             if z > a:
-                if half is None:
+                if isinstance(dst, _Pieces):
+                    dst.scatter(items[at + a : at + z], lo + a)
+                elif half is None:
                     np.copyto(dst[lo + a : lo + z], items[at + a : at + z])
                 else:
                     _store(dst[lo + a : lo + z], items[at + a : at + z], half)
 
-    def run(self, dst: np.ndarray | None) -> None:
+    def run(self, dst: np.ndarray | _Pieces | None) -> None:
         """The whole reduction, results into ``dst`` (None: this rank keeps none); two syncs a chunk, pipelined:
         chunk ``c + 1``'s copy-in shares the interval of chunk ``c``'s copy-out."""
         seg = self.seg
@@ -227,6 +274,17 @@ def all_reduce(
     """
     if src.size:
         _Reduction(seg, src, mpi_op, half, premul, average).run(dst)
+
+
+def all_reduce_list(
+    seg: Segment, arrays: list[np.ndarray], mpi_op: str, premul: Any = None, average: bool = False
+) -> None:
+    """:func:`all_reduce` of the concatenation of ``arrays`` (flat, C-contiguous, one dtype, not half floats), each
+    in place: the arrays are packed straight into the slots and the results copied straight back, with no flat
+    buffer between (bucketed and coalesced all-reduces)."""
+    src = _Pieces(arrays)
+    if src.size:
+        _Reduction(seg, src, mpi_op, None, premul, average).run(src)
 
 
 def reduce(

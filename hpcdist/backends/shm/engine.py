@@ -143,6 +143,13 @@ class ShmEngine(MPIEngine):
         alg.all_reduce(seg, flat, flat, rop.mpi_name, half, rop.premul, rop.average)
         return self._done(sync, "all_reduce", buf.obj, buf)
 
+    def host_all_reduce_many(self, arrays: list[Any], dtype: str, rop: ResolvedOp, nbytes: int) -> None:
+        seg = self._use("all_reduce", nbytes) if dtype not in HALF_DTYPES else None
+        if seg is None:
+            super().host_all_reduce_many(arrays, dtype, rop, nbytes)
+            return
+        alg.all_reduce_list(seg, arrays, rop.mpi_name, rop.premul, rop.average)
+
     def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work | None:
         seg = self._use("reduce", buf.arr.nbytes)
         if seg is None:
