@@ -8,6 +8,7 @@ here, so the launchers stay light.
 
 from __future__ import annotations
 
+import random
 import socket
 
 __all__ = ["TORCHRUN_VARS", "free_port", "torchrun_values"]
@@ -27,9 +28,37 @@ def torchrun_values(
 def free_port(host: str = "") -> int:
     """A TCP port that was free on ``host`` (all interfaces when empty) a moment ago.
 
-    Another process may take it before the caller binds it; the callers
-    (a rendezvous store's ``MASTER_PORT``) fail loudly when that happens.
+    Chosen below the kernel's ephemeral range (``net.ipv4.ip_local_port_range``),
+    from which every ``bind(0)`` and outgoing connection takes its port: MPI
+    libraries open such sockets by the dozen while they start, and one of them
+    could otherwise take a ``MASTER_PORT`` picked here before the rendezvous
+    store binds it. A program that binds ports below that range on purpose
+    may still take it; the callers (a rendezvous store) fail loudly then.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    low, _ = _ephemeral_range()
+    rng = random.Random()
+    for _ in range(64):
+        port = rng.randrange(_LOWEST_PORT, max(_LOWEST_PORT + 1, low))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # the range below is full: any free port
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+#: the lowest port free_port picks (below: well-known and registered services' ports)
+_LOWEST_PORT = 20000
+
+
+def _ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux's default where it cannot be read)."""
+    try:
+        with open(path) as f:
+            low, high = (int(v) for v in f.read().split()[:2])
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999

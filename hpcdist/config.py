@@ -51,6 +51,10 @@ Knobs are read when asked for (never at import time), so a program may set
                                  ``1`` (shared memory always), ``0`` (MPI)
 ``HPCDIST_SHM_SLOT``             bytes per rank and pipeline stage of the
                                  shared-memory segment (default 1 MiB)
+``HPCDIST_MPI_TUNE``             ``1`` (default): a launcher-free world
+                                 starts the embedded MPICH with the settings
+                                 of :mod:`hpcdist.rendezvous.mpi_env`, where
+                                 unset; ``0``: hpcdist sets no MPI variable
 ===============================  ===========================================
 """
 
@@ -58,6 +62,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -100,15 +105,17 @@ KNOBS: dict[str, str] = {
     "HPCDIST_NODE_ID": "node identity override (default: host name + boot id + /dev/shm)",
     "HPCDIST_SHM": "auto (default: the measured table) | 1 (shared memory always) | 0 (MPI only), on one node",
     "HPCDIST_SHM_SLOT": "bytes per rank and pipeline stage of the shared-memory segment (1048576)",
+    "HPCDIST_MPI_TUNE": "1 (default): launcher-free worlds start the embedded MPICH with UCX_MEM_EVENTS=no and, "
+    "on an oversubscribed host, MPIR_CVAR_ENABLE_HEAVY_YIELD=1, where unset; 0: set nothing",
 }
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def env_flag(name: str, default: bool | None) -> bool | None:
-    """Read a boolean knob; ``default`` when unset; ValueError when garbled."""
-    raw = os.environ.get(name)
+def env_flag(name: str, default: bool | None, env: Mapping[str, str] | None = None) -> bool | None:
+    """Read a boolean knob from ``env`` (``os.environ``); ``default`` when unset; ValueError when garbled."""
+    raw = (os.environ if env is None else env).get(name)
     if raw is None or raw.strip() == "":
         return default
     value = raw.strip().lower()

@@ -109,6 +109,11 @@ def _launcher(env: Mapping[str, str]) -> dict[str, Any]:
 
     out["srun"] = shutil.which("srun")
     out["slurm_allocation"] = env.get("SLURM_JOB_ID")
+    if detect_launcher(env) is None:  # a launcher-free init_process_group would start MPI with these
+        from hpcdist.rendezvous.mpi_env import _cpus, choose, embedded_mpich
+
+        chosen = choose(env, _cpus(), embedded_mpich(env))
+        out["launcher_free_mpi"] = " ".join(f"{k}={v}" for k, v in chosen.items()) or "none"
     return out
 
 

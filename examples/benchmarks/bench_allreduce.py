@@ -25,6 +25,7 @@ from _timing import iterations, per_call  # this folder
 from mpi4py import MPI
 
 import hpcdist as dist
+from hpcdist._launchenv import free_port
 
 
 def main() -> None:
@@ -47,7 +48,7 @@ def main() -> None:
             import torch
             import torch.distributed as tdist
 
-            port = raw.bcast(_free_port() if rank == 0 else None, root=0)
+            port = raw.bcast(free_port("127.0.0.1") if rank == 0 else None, root=0)
             tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
         except ImportError:
             tdist = None
@@ -107,14 +108,6 @@ def main() -> None:
     if tdist is not None:
         tdist.destroy_process_group()
     dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 if __name__ == "__main__":

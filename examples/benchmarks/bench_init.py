@@ -26,19 +26,19 @@ import multiprocessing as mp
 import os
 import platform
 import queue
-import socket
 import statistics
 import sys
 import time
 from datetime import date, timedelta
 
+from hpcdist._launchenv import free_port as _free_port
+
 CTX = mp.get_context("spawn")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for MASTER_PORT, below the ephemeral range (hpcdist._launchenv.free_port)."""
+    return _free_port("127.0.0.1")
 
 
 PHASES = ("MPI_Init", "store", "claim+arrival", "port rounds", "rest")
@@ -64,10 +64,24 @@ def instrument(phases: dict[str, float]) -> None:
 
     handlers = importlib.import_module("hpcdist.rendezvous.handlers")
     ports = importlib.import_module("hpcdist.rendezvous.ports")
+    join = importlib.import_module("hpcdist.rendezvous.join")
     timed(phases, handlers, "make_tcp_store", "store")
     timed(phases, ports, "_claim_rank", "claim+arrival")
     timed(phases, ports, "arrive", "claim+arrival")
     timed(phases, ports, "_merge_round", "port rounds")
+    # MPI starts (mpi4py.MPI imported: library load + MPI_Init) between join_world's launcher check and its rendezvous
+    detect, rendezvous = join.detect_launcher, join.rendezvous
+
+    def detect_then_clock(*args, **kwargs):
+        out = detect(*args, **kwargs)
+        phases["_mpi_start"] = time.perf_counter()
+        return out
+
+    def clock_then_rendezvous(*args, **kwargs):
+        phases["MPI_Init"] = time.perf_counter() - phases.pop("_mpi_start")
+        return rendezvous(*args, **kwargs)
+
+    join.detect_launcher, join.rendezvous = detect_then_clock, clock_then_rendezvous
 
 
 def child(lib: str, rank: int, n: int, port: int, barrier, out) -> None:
@@ -80,7 +94,10 @@ def child(lib: str, rank: int, n: int, port: int, barrier, out) -> None:
             import hpcdist as dist
 
             if lib == "hpcdist-preinit":
-                from mpi4py import MPI
+                from hpcdist.rendezvous import mpi_env
+
+                mpi_env.apply()  # the settings init_process_group would make, then MPI started before the clock
+                from mpi4py import MPI  # noqa: F401
             else:
                 instrument(phases)
             x = np.ones(1)
@@ -91,10 +108,6 @@ def child(lib: str, rank: int, n: int, port: int, barrier, out) -> None:
             x = torch.ones(1)
         barrier.wait(timeout=120)
         t0 = time.perf_counter()
-        if lib == "hpcdist":
-            from mpi4py import MPI  # noqa: F401  (what init_process_group would import first: MPI_Init)
-
-            phases["MPI_Init"] = time.perf_counter() - t0
         dist.init_process_group("gloo", timeout=timedelta(seconds=120))
         elapsed = time.perf_counter() - t0
         if phases:

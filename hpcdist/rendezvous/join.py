@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 from hpcdist._timed import INIT_HINT, timed_allgather_json
 from hpcdist.config import check_timeout
 from hpcdist.errors import DistBackendError
+from hpcdist.rendezvous import mpi_env
 from hpcdist.rendezvous.detect import detect_launcher, launcher_rank_size
 from hpcdist.rendezvous.fields import check_rank_world, check_rank_world_types, env_int, parse_int, query_to_dict
 from hpcdist.rendezvous.ports import join_over_ports
@@ -72,9 +73,11 @@ def join_world(
     independent processes (MPICH 5.0.x).
     """
     _check_types(init_method, rank, world_size, timeout)
+    launcher = detect_launcher()
+    if launcher is None:  # hpcdist starts MPI here: with its settings for launcher-free worlds
+        mpi_env.apply()
     from mpi4py import MPI
 
-    launcher = detect_launcher()
     size = MPI.COMM_WORLD.Get_size()
     if size > 1:
         return _join_launched(init_method, store, rank, world_size, launcher or "mpi", timeout)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -39,6 +38,8 @@ from pathlib import Path
 
 import pytest
 from mpirun import ROOT, Result, mpiexec, run_limited, run_mpi
+
+from hpcdist._launchenv import free_port as _free_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -118,9 +119,8 @@ def _launcher_free_env(**extra: str) -> dict[str, str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for MASTER_PORT, below the ephemeral range (hpcdist._launchenv.free_port)."""
+    return _free_port("127.0.0.1")
 
 
 _DRIVER = """

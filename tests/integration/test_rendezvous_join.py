@@ -11,20 +11,20 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import socket
 import time
 from datetime import timedelta
 
 import pytest
+
+from hpcdist._launchenv import free_port as _free_port
 
 CTX = mp.get_context("spawn")
 LIMIT = 60  # seconds for one multi-process test, start-up included (2 shared cores)
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for MASTER_PORT, below the ephemeral range (hpcdist._launchenv.free_port)."""
+    return _free_port("127.0.0.1")
 
 
 def _clean_launcher_env() -> None:

@@ -8,12 +8,13 @@ loopback, MASTER_ADDR/MASTER_PORT set here) and saves per-rank results with
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from hpcdist._launchenv import free_port as _free_port
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "integration"))
@@ -25,9 +26,8 @@ PROGS = HERE / "progs"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for MASTER_PORT, below the ephemeral range (hpcdist._launchenv.free_port)."""
+    return _free_port("127.0.0.1")
 
 
 def launch(

@@ -499,3 +499,21 @@ def test_every_engine_names_its_path():
     assert all(issubclass(c, Engine) for c in classes) and Engine.kind not in kinds
     # the default path() is the kind, for any op and size (an instance is not needed to read it)
     assert MPIEngine.path(object.__new__(MPIEngine), "all_reduce", 1 << 20) == "mpi"
+
+
+def test_free_port_is_below_the_ephemeral_range_and_free(tmp_path):
+    """MPI starts open ephemeral ports by the dozen: a MASTER_PORT from that range could be taken before the store binds."""
+    import socket
+
+    from hpcdist import _launchenv
+
+    low, _ = _launchenv._ephemeral_range()
+    for _ in range(20):
+        port = _launchenv.free_port("127.0.0.1")
+        assert _launchenv._LOWEST_PORT <= port < low
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # still free
+    fake = tmp_path / "range"
+    fake.write_text("40000\t50000\n")
+    assert _launchenv._ephemeral_range(str(fake)) == (40000, 50000)
+    assert _launchenv._ephemeral_range(str(tmp_path / "missing")) == (32768, 60999)
