@@ -224,6 +224,8 @@ def _shared_memory() -> dict[str, Any]:
         out["slot_bytes"] = str(exc)
     out["table"] = f"{table.MACHINE}; {table.DATE}"
     out["paths"] = {op: "; ".join(f"{k} ranks: {table.describe(op, k, mode)}" for k in (2, 4)) for op in table.OPS}
+    if mode == "auto":
+        out["oversubscribed"] = "more ranks on a node than its CPUs: shm for every operation at every size"
     return out
 
 

@@ -119,3 +119,36 @@ say("NOT REACHED")
     r = run_mpi(2, script, tmp_path, env={"HPCDIST_SHM": "1"}, limit=90)
     assert not r.timed_out, "the job hung on a dead peer: " + r.output
     assert r.returncode != 0 and "NOT REACHED" not in r.stdout
+
+
+@pytest.mark.parametrize("mode", ["block", "poll"])
+def test_ranks_calling_different_collectives_get_an_error_at_once_not_wrong_data(tmp_path, mode):
+    """Rank 1 broadcasts where the others all-reduce: the segment's counters alone would let them pass each
+    other's syncs (rank 1 returning wrong data); the operation tags make every rank raise, naming both calls."""
+    script = (
+        PRELUDE
+        + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=60))
+x = np.ones(1000, np.float32)
+dist.all_reduce(x)                     # in step: the segment is set up
+t0 = time.monotonic()
+try:
+    if dist.get_rank() == 1:
+        dist.broadcast(x, src=0)
+    else:
+        dist.all_reduce(x)
+    say(f"RANK {dist.get_rank()} RETURNED")
+except dist.DistError as e:
+    say(f"RANK {dist.get_rank()} {type(e).__name__} after {time.monotonic() - t0:.1f}s: {e}")
+sys.stdout.flush()
+os._exit(0)
+"""
+    )
+    r = run_mpi(3, script, tmp_path, env={"HPCDIST_SHM": "1", "HPCDIST_WAIT": mode}, limit=120)
+    assert not r.timed_out, r.output
+    lines = sorted(ln for ln in r.stdout.splitlines() if ln.startswith("RANK "))
+    assert len(lines) == 3 and not any("RETURNED" in ln for ln in lines), r.output
+    for ln in lines:
+        assert "DistError after" in ln and "called different collectives" in ln, r.output
+        assert "broadcast of 4000 bytes" in ln and "all_reduce of 4000 bytes" in ln, r.output
+        assert float(ln.split(" after ")[1].split("s:")[0]) < 30, "not at once: " + ln

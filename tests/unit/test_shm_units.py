@@ -20,6 +20,33 @@ def test_window_modes_and_rank_rows(monkeypatch):
     assert table.window("all_to_all", 2) == table.NEVER  # not a shared-memory op
 
 
+def test_an_oversubscribed_node_takes_shared_memory_at_every_size_unless_turned_off(monkeypatch):
+    monkeypatch.setitem(table.TABLE, "barrier", {2: table.NEVER})
+    for op in ("all_reduce", "barrier", "all_to_all_single"):
+        assert table.window(op, 2, "auto", oversubscribed=True) == table.ALWAYS
+    assert table.window("all_reduce", 2, "off", oversubscribed=True) == table.NEVER  # HPCDIST_SHM=0 wins
+    assert table.window("all_reduce", 1, "auto", oversubscribed=True) == table.NEVER  # nobody to share with
+    assert table.window("all_to_all", 2, "auto", oversubscribed=True) == table.NEVER  # not a shared-memory op
+    assert table.describe("barrier", 2, "auto", oversubscribed=True) == "shm"
+
+
+def test_oversubscription_is_ranks_on_this_node_against_its_cpus(monkeypatch):
+    from hpcdist._world import WORLD
+    from hpcdist.backends.shm import engine
+
+    class _PG:
+        _rank = 1
+
+    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(WORLD, "default_pg", _PG())
+    monkeypatch.setattr(WORLD, "node_of", [0, 0, 0, 1])  # rank 1 shares node 0 with two others
+    assert engine.oversubscribed_node()
+    monkeypatch.setattr(WORLD, "node_of", [0, 0, 1, 1])
+    assert not engine.oversubscribed_node()
+    monkeypatch.setattr(WORLD, "node_of", [])  # not initialised: no layout
+    assert not engine.oversubscribed_node()
+
+
 def test_table_rows_are_well_formed():
     assert table.MACHINE and table.DATE
     for op, rows in table.TABLE.items():

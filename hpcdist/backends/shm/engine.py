@@ -21,9 +21,11 @@ group's segment is unusable afterwards.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ... import config
+from ..._world import WORLD
 from ...buffers.adapters import Buf
 from ...buffers.dtypes import HALF_DTYPES
 from ...ops import ResolvedOp
@@ -34,7 +36,10 @@ from . import table
 from .node import one_node
 from .segment import Segment
 
-__all__ = ["ShmEngine", "host_engine", "shm_eligible", "shm_serves"]
+__all__ = ["ShmEngine", "host_engine", "oversubscribed_node", "shm_eligible", "shm_serves"]
+
+#: an operation's code in the segment's tags (Segment.begin): its place in the table's list, from 1
+_OP_CODE = {op: i + 1 for i, op in enumerate(table.OPS)}
 
 
 def host_engine(pg: Any, device_type: str = "cpu") -> MPIEngine:
@@ -43,6 +48,20 @@ def host_engine(pg: Any, device_type: str = "cpu") -> MPIEngine:
     if not shm_eligible(pg, mode):
         return MPIEngine(pg, device_type)
     return ShmEngine(pg, device_type, mode)
+
+
+def oversubscribed_node() -> bool:
+    """Whether more ranks of this job share this node than it has CPUs (from the node layout of init)."""
+    node_of = WORLD.node_of
+    pg = WORLD.default_pg
+    if not node_of or pg is None:
+        return False
+    mine = node_of[pg._rank]
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return sum(1 for n in node_of if n == mine) > cpus
 
 
 def shm_eligible(pg: Any, mode: str | None = None) -> bool:
@@ -67,7 +86,8 @@ class ShmEngine(MPIEngine):
         self.mode = mode
         # a slot holds at least one element of the widest dtype (complex128) per rank, in whole cache lines
         self.slot_bytes = max(slot_bytes or config.shm_slot_bytes(), -(-16 * pg._size // 64) * 64)
-        self.windows = {op: table.window(op, pg._size, mode) for op in table.OPS}
+        self.oversubscribed = oversubscribed_node()
+        self.windows = {op: table.window(op, pg._size, mode, self.oversubscribed) for op in table.OPS}
         self._ar_lo, self._ar_hi = self.windows["all_reduce"]
         # smaller blocking calls take MPIEngine's fast path untouched
         self.fast_all_reduce_below = min(self.fast_all_reduce_below, self._ar_lo)
@@ -82,12 +102,16 @@ class ShmEngine(MPIEngine):
 
     def _use(self, op: str, nbytes: int) -> Segment | None:
         lo, hi = self.windows[op]
-        if not lo <= nbytes < hi:
-            return None
-        return self._segment(op)
+        if not lo <= nbytes < hi or (nbytes == 0 and op != "barrier"):  # empty: nothing to move, and every
+            return None  # operation begun on the segment must sync (Segment.begin): MPI's zero-count call
+        return self._segment(op, nbytes)
 
-    def _segment(self, op: str) -> Segment | None:
-        """The group's segment (set up by the first call: collective), or None when the group spans nodes."""
+    def _segment(self, op: str, nbytes: int) -> Segment | None:
+        """The group's segment (set up by the first call: collective), or None when the group spans nodes.
+
+        The operation ``op`` of ``nbytes`` (0: sizes may differ by rank) is begun on it: its first sync
+        checks that every rank called the same (:meth:`Segment.begin`).
+        """
         seg = self._seg
         if seg is None:
             seg = self._seg = self._setup(op)
@@ -96,6 +120,7 @@ class ShmEngine(MPIEngine):
         assert isinstance(seg, Segment)
         seg.what = (op, self.pg)
         seg.timeout_s = self.pg._timeout_s
+        seg.begin(_OP_CODE[op], nbytes)
         return seg
 
     def _setup(self, op: str) -> Segment | bool:
@@ -103,7 +128,7 @@ class ShmEngine(MPIEngine):
         pg = self.pg
         if not one_node(pg):
             return False
-        return Segment(pg._comm, self.slot_bytes, pg._timeout_s, (op, pg))
+        return Segment(pg._comm, self.slot_bytes, pg._timeout_s, (op, pg), table.OPS)
 
     def close(self) -> None:
         """Unmap the segment (local: no message, at group destruction)."""
@@ -202,7 +227,7 @@ class ShmEngine(MPIEngine):
     ) -> Work | None:
         window = self.windows["all_to_all_single"]
         # the sizes may differ per rank: alg.all_to_all shares the counts first, then every rank decides alike
-        seg = self._segment("all_to_all_single") if window[0] < window[1] else None
+        seg = self._segment("all_to_all_single", 0) if window[0] < window[1] else None
         if seg is None or not alg.all_to_all(seg, inp.arr.reshape(-1), scounts, out.arr.reshape(-1), rcounts, window):
             return super().all_to_all_single(out, inp, rcounts, scounts, sync)
         return self._done(sync, "all_to_all_single", out.obj, out)

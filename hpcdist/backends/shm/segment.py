@@ -14,7 +14,7 @@ by the timeout: a peer that never comes gives
 
 Layout::
 
-    [ control: one 64-byte line per rank, holding that rank's step counter ]
+    [ control: one 64-byte line per rank: its step counter, two operation tags (begin) ]
     [ set 0: slot 0 | slot 1 | ... | slot n-1 ]   each slot ``slot_bytes``
     [ set 1: ... ]
     [ set 2: ... ]
@@ -116,7 +116,7 @@ class Segment:
     ``what``: the (operation, group) named by timeout errors.
     """
 
-    def __init__(self, comm: Any, slot_bytes: int, timeout_s: float, what: Any) -> None:
+    def __init__(self, comm: Any, slot_bytes: int, timeout_s: float, what: Any, op_names: tuple[str, ...] = ()) -> None:
         self.comm = comm
         self.size = n = comm.Get_size()
         self.rank = comm.Get_rank()
@@ -137,6 +137,9 @@ class Segment:
         self._fence_win = _fence_window()
         self._fence = self._fence_win.Sync if self._fence_win is not None else _nothing
         self.step = 0
+        self.op_names = op_names  # op code - 1 -> name, for mismatch errors (begin)
+        self.seq = 0  # operations begun on this segment
+        self._tag: tuple[int, int, int] | None = None  # the begun operation's, until its first sync checks it
 
     # -- layout ------------------------------------------------------------
 
@@ -168,6 +171,44 @@ class Segment:
 
     # -- synchronization ------------------------------------------------------
 
+    def begin(self, op: int, nbytes: int) -> None:
+        """Tag the operation this rank starts on the segment: ``op`` (a code >= 1) and its size (0: sizes may
+        differ by rank); the first :meth:`sync` after it checks that every rank started the same one.
+
+        The counters alone cannot tell operations apart: ranks that call different collectives would pass
+        each other's syncs and return wrong data. The tag (sequence number, op, size) goes into this
+        rank's control line, in one of two slots by the sequence number's parity: a rank can write its
+        tag of operation ``k + 2`` only after passing a sync every rank reached after checking ``k`` —
+        provided every begun operation syncs at least once (callers begin no empty operation).
+        """
+        self.seq = seq = self.seq + 1
+        at = self._mine + 1 + 3 * (seq & 1)
+        ctrl = self._ctrl
+        ctrl[at] = seq
+        ctrl[at + 1] = op
+        ctrl[at + 2] = nbytes
+        self._tag = (seq, op, nbytes)
+
+    def _check_tags(self, tag: tuple[int, int, int]) -> None:
+        ctrl, off = self._ctrl, 1 + 3 * (tag[0] & 1)
+        for pos in self._others:
+            theirs = (ctrl[pos + off], ctrl[pos + off + 1], ctrl[pos + off + 2])
+            if theirs != tag:
+                self.broken = True
+                raise DistError(
+                    f"{describe_op(self.what)}: the ranks of the group called different collectives: this rank "
+                    f"(group rank {self.rank}) called {self._describe(tag)}, group rank {pos // (_LINE // 8)} "
+                    f"{self._describe(theirs)}. Every rank of the group must make the same collective calls, with "
+                    "the same sizes, in the same order (HPCDIST_DEBUG=DETAIL checks every call); the group's "
+                    "shared memory is out of step now: create a new group"
+                )
+
+    def _describe(self, tag: tuple[int, int, int]) -> str:
+        seq, op, nbytes = tag
+        name = self.op_names[op - 1] if 0 < op <= len(self.op_names) else f"operation {op}"
+        size = f" of {nbytes} bytes" if nbytes else ""
+        return f"{name}{size} as its shared-memory operation #{seq}"
+
     def sync(self) -> None:
         """Barrier over the node communicator through the counters (see module docstring)."""
         if self.broken:
@@ -185,6 +226,10 @@ class Segment:
             if ctrl[pos] < step:
                 self._wait(pos, step)
         fence()  # acquire: read the peers' data only after seeing their counters
+        tag = self._tag
+        if tag is not None:
+            self._tag = None
+            self._check_tags(tag)
 
     def _wait(self, pos: int, step: int) -> None:
         ctrl = self._ctrl

@@ -11,6 +11,13 @@ every size, ``HPCDIST_SHM=0`` never.
 
 Regenerate with ``hpcdist bench --table`` on the target machine (it prints
 this table's rows from the measured crossovers) and paste them here.
+
+**Oversubscribed nodes.** Where more ranks share the node than it has CPUs,
+the table does not apply: MPI's waits spin, and the spinning ranks take the
+CPUs from the ones with work (on the 2-CPU machine below, 4 ranks: a 64 KiB
+all_reduce took 24 ms through MPI, 80 µs through shared memory, whose waits
+give the CPU away), so every operation of the engine takes the shared-memory
+path at every size (:func:`window`'s ``oversubscribed``).
 """
 
 from __future__ import annotations
@@ -52,15 +59,18 @@ TABLE: dict[str, dict[int, tuple[int, int]]] = {
 }
 
 
-def window(op: str, nranks: int, mode: str = "auto") -> tuple[int, int]:
+def window(op: str, nranks: int, mode: str = "auto", oversubscribed: bool = False) -> tuple[int, int]:
     """The ``[lo, hi)`` byte range in which ``op`` on ``nranks`` ranks takes the shared-memory path.
 
-    ``mode``: ``auto`` (the table), ``on`` (always) or ``off`` (never).
+    ``mode``: ``auto`` (the table), ``on`` (always) or ``off`` (never);
+    ``oversubscribed``: the node has more ranks than CPUs (always, in ``auto``).
     """
     if mode == "on":
         return ALWAYS
     if mode == "off" or nranks < 2:
         return NEVER
+    if oversubscribed and op in OPS:
+        return ALWAYS
     rows = TABLE.get(op)
     if not rows:
         return NEVER
@@ -78,9 +88,9 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def describe(op: str, nranks: int, mode: str = "auto") -> str:
+def describe(op: str, nranks: int, mode: str = "auto", oversubscribed: bool = False) -> str:
     """Which path ``op`` takes on ``nranks`` ranks of one node, in words (for ``hpcdist info``)."""
-    lo, hi = window(op, nranks, mode)
+    lo, hi = window(op, nranks, mode, oversubscribed)
     if lo >= hi:
         return "mpi"
     parts = []
