@@ -34,7 +34,7 @@ from ._queries import (
 )
 from ._version import __version__
 from .backends import Backend
-from .bucketing import all_reduce_bucketed, bucket_indices
+from .bucketing import all_reduce_bucketed, bucket_indices, bucket_views
 from .collectives import (
     all_gather,
     all_gather_coalesced,
@@ -127,6 +127,7 @@ __all__ = [
     "breakpoint",
     "broadcast",
     "bucket_indices",
+    "bucket_views",
     "broadcast_object_list",
     "cuda_aware_mpi",
     "destroy_process_group",

@@ -25,7 +25,7 @@ from .group import resolve_group
 from .ops import resolve_op
 from .work import Work
 
-__all__ = ["DEFAULT_BUCKET_CAP_MB", "all_reduce_bucketed", "bucket_indices"]
+__all__ = ["DEFAULT_BUCKET_CAP_MB", "all_reduce_bucketed", "bucket_indices", "bucket_views"]
 
 DEFAULT_BUCKET_CAP_MB = 25.0
 
@@ -48,6 +48,8 @@ def bucket_indices(nbytes: Sequence[int], keys: Sequence[Any], cap_bytes: int) -
         raise ValueError(f"nbytes and keys must have the same length, got {len(nbytes)} and {len(keys)}")
     if cap_bytes <= 0:
         raise ValueError(f"the bucket cap must be > 0 bytes, got {cap_bytes}")
+    if len(set(keys)) == 1:  # one kind (the common case): the same greedy fill, by cumulative sums
+        return _one_kind(nbytes, cap_bytes)
     open_: dict[Any, list[int]] = {}
     fill: dict[Any, int] = {}
     out: list[list[int]] = []
@@ -63,6 +65,45 @@ def bucket_indices(nbytes: Sequence[int], keys: Sequence[Any], cap_bytes: int) -
         fill[key] += nb
     out.extend(open_.values())
     return sorted(out, key=lambda b: b[0])
+
+
+def bucket_views(shapes: Sequence[Any], dtype: Any = np.float32) -> tuple[np.ndarray, list[np.ndarray]]:
+    """One flat NumPy buffer and a view of it per shape, in order: arrays that one collective on the buffer
+    reduces at once, with nothing to pack or unpack (torch DDP's ``gradient_as_bucket_view``).
+
+    Write into the views in place (``g[...] = ...``; rebinding a name to a new array leaves the buffer)
+    and all-reduce the buffer: ``hpcdist.all_reduce(flat)`` reduces every view. Where arrays cannot live
+    in one buffer, :func:`all_reduce_bucketed` packs them.
+
+    Args:
+        shapes: the shape of each view (an int is a 1-D length).
+        dtype: their dtype (default float32).
+
+    Returns:
+        ``(flat, views)``: the zero-filled C-contiguous buffer and the views, ``views[i].shape == shapes[i]``.
+    """
+    dims = [(s,) if isinstance(s, int) else tuple(s) for s in shapes]
+    sizes = [int(np.prod(d, dtype=np.int64)) for d in dims]
+    if any(n < 0 for n in sizes):
+        raise ValueError(f"shapes must have no negative dimension, got {shapes!r}")
+    flat = np.zeros(sum(sizes), dtype=dtype)
+    views, at = [], 0
+    for d, n in zip(dims, sizes):
+        views.append(flat[at : at + n].reshape(d))
+        at += n
+    return flat, views
+
+
+def _one_kind(nbytes: Sequence[int], cap_bytes: int) -> list[list[int]]:
+    """:func:`bucket_indices` when every array has the same key: consecutive runs of at most ``cap_bytes``."""
+    cum = np.cumsum(np.asarray(nbytes, dtype=np.int64))
+    out: list[list[int]] = []
+    start, base = 0, 0
+    while start < len(cum):
+        end = max(int(np.searchsorted(cum, base + cap_bytes, side="right")), start + 1)  # an oversized one alone
+        out.append(list(range(start, end)))
+        base, start = int(cum[end - 1]), end
+    return out
 
 
 def all_reduce_bucketed(
@@ -115,7 +156,7 @@ def _numpy_buckets(arrays: list[np.ndarray], op: Any, pg: Any, cap: int) -> None
     the engine's :meth:`~hpcdist.backends.Engine.host_all_reduce_many` (no per-array adapter objects; the
     shared-memory engine packs the arrays straight into its segment and copies the results straight back)."""
     sizes = [a.nbytes for a in arrays]
-    plan = bucket_indices(sizes, [a.dtype.str for a in arrays], cap)
+    plan = bucket_indices(sizes, [a.dtype for a in arrays], cap)
     eng = pg.engine("cpu")
     fr = pg._flight
     for idx in plan:

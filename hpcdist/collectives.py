@@ -62,7 +62,13 @@ SUM = RedOpType.SUM
 
 
 def _engine(
-    pg: ProcessGroup, buf: Buf, desc: str, root: int = -1, sized: bool = False, async_op: bool | None = None
+    pg: ProcessGroup,
+    buf: Buf,
+    desc: str,
+    root: int = -1,
+    sized: bool = False,
+    async_op: bool | None = None,
+    count: int | None = None,
 ) -> tuple[Any, list[Any] | None]:
     """The group's engine for ``buf``'s device and the call's flight-recorder entry (None when off).
 
@@ -72,7 +78,7 @@ def _engine(
     mode the same ``async_op`` (:func:`_async_part`).
     """
     fr = pg._flight
-    entry = None if fr is None else fr.coll(desc, buf.dtype, buf.arr.size, root)
+    entry = None if fr is None else fr.coll(desc, buf.dtype, buf.arr.size if count is None else count, root)
     if DETAIL[0]:
         parts = [str(buf.dtype)]
         if root >= 0:
@@ -319,6 +325,17 @@ def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, a
     rop = resolve_op(op, bufs[0].dtype, "op")
     if bufs[0].device != "cpu":
         return _done(_parts(pg, [(b, (b, rop)) for b in bufs], "all_reduce", "all_reduce_coalesced"), async_op, None)
+    if not async_op:  # blocking: the engine reduces the arrays where they lie if it can (shared memory)
+        arrays = [b.arr.reshape(-1) for b in bufs]
+        nbytes = sum(a.nbytes for a in arrays)
+        first = Buf(arrays[0], tensors, bufs[0].dtype)
+        count = nbytes // arrays[0].itemsize
+        eng, entry = _engine(pg, first, "all_reduce_coalesced", async_op=False, count=count)
+        eng.host_all_reduce_many(arrays, bufs[0].dtype, rop, nbytes)
+        for b in bufs:
+            if b.writeback is not None:
+                b.writeback()
+        return _done(None, False, entry)
     flat = pack(bufs, bufs[0].arr.dtype)
     packed = Buf(flat, tensors, bufs[0].dtype, "cpu", lambda: unpack(flat, bufs))
     eng, entry = _engine(pg, packed, "all_reduce_coalesced", async_op=async_op)

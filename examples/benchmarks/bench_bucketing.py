@@ -8,6 +8,9 @@ Times, on the same float32 arrays (SUM, in place), interleaved in rounds
 * ``loop``: one ``hpcdist.all_reduce`` per array;
 * ``bucketed``: ``hpcdist.all_reduce_bucketed`` (25 MiB buckets, torch DDP's default);
 * ``coalesced``: ``hpcdist.all_reduce_coalesced`` (one packed call);
+* ``views``: the same arrays made as views of one buffer (``hpcdist.bucket_views``, torch DDP's
+  ``gradient_as_bucket_view``), all-reduced with one ``hpcdist.all_reduce`` of the buffer: nothing
+  to pack, the bound that packing approaches;
 * ``raw loop``: one mpi4py ``Allreduce`` per array, for scale.
 
 Rank 0 prints a Markdown table with the speed-up over the loop.
@@ -40,6 +43,8 @@ def main() -> None:
         for x in xs:
             dist.all_reduce(x)
 
+    flat, _ = dist.bucket_views([x.shape for x in xs])
+
     def raw_loop() -> None:
         for x in xs:
             raw.Allreduce(MPI.IN_PLACE, x)
@@ -48,6 +53,7 @@ def main() -> None:
         "loop": loop,
         "bucketed": lambda: dist.all_reduce_bucketed(xs),
         "coalesced": lambda: dist.all_reduce_coalesced(xs),
+        "views": lambda: dist.all_reduce(flat),
         "raw loop": raw_loop,
     }
     best = dict.fromkeys(variants, float("inf"))

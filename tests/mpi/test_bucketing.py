@@ -71,3 +71,20 @@ def test_bucketed_read_only_array_is_refused_before_anything_moves(group, member
     with pytest.raises(ValueError, match="read-only"):
         dist.all_reduce_bucketed(xs, group=group)
     assert np.array_equal(xs[0], np.ones(3))  # nothing was reduced
+
+
+def test_bucket_views_are_reduced_by_one_all_reduce_of_their_buffer(group, members):
+    if not members:
+        return
+    shapes = [(3,), (2, 4), 5, (1, 1, 2)]
+    flat, views = dist.bucket_views(shapes, np.float64)
+    assert [v.shape for v in views] == [(3,), (2, 4), (5,), (1, 1, 2)] and flat.size == 3 + 8 + 5 + 2
+    assert all(np.shares_memory(v, flat) for v in views) and not flat.any()
+    rank = dist.get_rank()
+    for i, v in enumerate(views):
+        v[...] = rank + i  # written in place, as gradients would be
+    dist.all_reduce(flat, group=group)
+    for i, v in enumerate(views):
+        assert np.all(v == sum(r + i for r in members)), (i, v)
+    with pytest.raises(ValueError, match="negative"):
+        dist.bucket_views([(2, -1)])

@@ -107,3 +107,24 @@ def test_info_reports_the_path_per_op(monkeypatch, raw, want):
 def test_describe_a_window(monkeypatch):
     monkeypatch.setitem(table.TABLE, "broadcast", {2: (1 << 20, 64 << 20)})
     assert table.describe("broadcast", 2) == "mpi below 1 MiB, shm 1 MiB-64 MiB, mpi from 64 MiB"
+
+
+def test_bucket_plan_of_one_kind_matches_the_greedy_fill():
+    """The one-dtype fast path (cumulative sums) plans exactly what the greedy per-key fill does."""
+    import random
+
+    def greedy(nbytes, cap):
+        out, cur, fill = [], [], 0
+        for i, nb in enumerate(nbytes):
+            if cur and fill + nb > cap:
+                out.append(cur)
+                cur, fill = [], 0
+            cur.append(i)
+            fill += nb
+        return out + ([cur] if cur else [])
+
+    rng = random.Random(7)
+    for _ in range(300):
+        nbytes = [rng.choice([0, 1, 4, 64, 4096, 10_000, 1 << 20]) for _ in range(rng.randrange(1, 60))]
+        cap = rng.choice([1, 64, 4096, 25 << 20, 100_000])
+        assert bucket_indices(nbytes, ["f4"] * len(nbytes), cap) == greedy(nbytes, cap), (nbytes, cap)

@@ -19,7 +19,7 @@ owner's slice after the sum (integers truncate toward zero), as the MPI path.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from itertools import accumulate
 from typing import Any
@@ -128,31 +128,42 @@ class _Pieces:
         self.size = self.starts[-1]
         self.dtype = arrays[0].dtype
 
-    def views(self, lo: int, hi: int) -> list[tuple[int, np.ndarray]]:
-        """``(offset from lo, view)`` of every array's part in items ``[lo, hi)`` of the concatenation, in order."""
-        starts, arrays = self.starts, self.arrays
-        i = bisect_right(starts, lo) - 1
-        out = []
-        while i < len(arrays) and starts[i] < hi:
-            s = starts[i]
-            a, b = max(lo, s), min(hi, starts[i + 1])
-            if b > a:
-                out.append((a - lo, arrays[i][a - s : b - s]))
-            i += 1
-        return out
+    def _span(self, lo: int, hi: int) -> tuple[int, int]:
+        """The indices ``[i, j)`` of the arrays that hold items of ``[lo, hi)``."""
+        starts = self.starts
+        return bisect_right(starts, lo) - 1, bisect_left(starts, hi)
+
+    def _clip(self, i: int, lo: int, hi: int) -> np.ndarray:
+        """Array ``i``'s part in items ``[lo, hi)`` (the whole array when it lies inside)."""
+        s, e = self.starts[i], self.starts[i + 1]
+        a = self.arrays[i]
+        return a if lo <= s and e <= hi else a[max(lo, s) - s : min(hi, e) - s]
 
     def gather(self, out: np.ndarray, lo: int) -> None:
-        """Items ``[lo, lo + out.size)`` of the concatenation into ``out``."""
-        parts = [v for _, v in self.views(lo, lo + out.size)]
-        if len(parts) == 1:
-            np.copyto(out, parts[0])
-        else:
-            np.concatenate(parts, out=out)
+        """Items ``[lo, lo + out.size)`` of the concatenation into ``out`` (one ``concatenate``)."""
+        hi = lo + out.size
+        i, j = self._span(lo, hi)
+        if j - i == 1:
+            np.copyto(out, self._clip(i, lo, hi))
+            return
+        parts = self.arrays[i:j]  # the arrays inside whole; the first and last clipped
+        parts[0], parts[-1] = self._clip(i, lo, hi), self._clip(j - 1, lo, hi)
+        np.concatenate(parts, out=out)
 
     def scatter(self, res: np.ndarray, lo: int) -> None:
         """``res`` into items ``[lo, lo + res.size)`` of the arrays."""
-        for off, v in self.views(lo, lo + res.size):
-            np.copyto(v, res[off : off + v.size])
+        hi = lo + res.size
+        i, j = self._span(lo, hi)
+        starts, arrays, copyto = self.starts, self.arrays, np.copyto
+        first = self._clip(i, lo, hi)
+        copyto(first, res[: first.size])
+        for k in range(i + 1, j - 1):  # the arrays inside whole
+            at = starts[k] - lo
+            copyto(arrays[k], res[at : starts[k + 1] - lo])
+        if j - 1 > i:
+            last = self._clip(j - 1, lo, hi)
+            at = starts[j - 1] - lo
+            copyto(last, res[at : at + last.size])
 
 
 class _Reduction:
