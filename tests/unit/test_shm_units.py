@@ -128,3 +128,13 @@ def test_bucket_plan_of_one_kind_matches_the_greedy_fill():
         nbytes = [rng.choice([0, 1, 4, 64, 4096, 10_000, 1 << 20]) for _ in range(rng.randrange(1, 60))]
         cap = rng.choice([1, 64, 4096, 25 << 20, 100_000])
         assert bucket_indices(nbytes, ["f4"] * len(nbytes), cap) == greedy(nbytes, cap), (nbytes, cap)
+
+
+def test_bench_passes_keep_each_cells_best():
+    from hpcdist.bench import best_of
+
+    def row(variant, t, path="shm"):
+        return {"op": "all_reduce", "ranks": 2, "bytes": 1024, "variant": variant, "path": path, "time_us": t}
+
+    merged = best_of([[row("hpcdist", 5.0), row("raw", 3.0)], [row("hpcdist", 4.0), row("raw", 9.0)]])
+    assert sorted((r["variant"], r["time_us"]) for r in merged) == [("hpcdist", 4.0), ("raw", 3.0)]

@@ -366,9 +366,13 @@ class MPIEngine(Engine):
         self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int], sync: bool = False
     ) -> Work | None:
         mt = mpi_datatype(inp.arr.dtype)
-        args = ([inp.arr, (scounts, _displs(scounts)), mt], [out.arr, (rcounts, _displs(rcounts)), mt])
+        if len(set(scounts)) == 1 and len(set(rcounts)) == 1:  # even splits: MPI_Alltoall (measured faster)
+            routine, args = "Alltoall", ([inp.arr, mt], [out.arr, mt])
+        else:
+            routine = "Alltoallv"
+            args = ([inp.arr, (scounts, _displs(scounts)), mt], [out.arr, (rcounts, _displs(rcounts)), mt])
         return self._run(
-            "Alltoallv", args, sync=sync, post=out.writeback, keep=(out, inp), name="all_to_all_single", result=out.obj
+            routine, args, sync=sync, post=out.writeback, keep=(out, inp), name="all_to_all_single", result=out.obj
         )
 
     # -- point to point (always non-blocking: receives honour the timeout and can be cancelled) --
