@@ -210,7 +210,10 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
         return None
     lane = None
     if type(tensor) is _ndarray and not async_op and not DETAIL[0]:
-        lane = (pg._sum_lanes if op is SUM else pg._lanes.get(op, _NO_LANES)).get(id(tensor.dtype))
+        try:
+            lane = (pg._sum_lanes if op is SUM else pg._lanes.get(op, _NO_LANES)).get(id(tensor.dtype))
+        except TypeError:  # an unhashable op: resolve_op says what is wrong with it
+            resolve_op(op, "float64")
         # a lane: this dtype and op passed every check before, and the engine runs such calls in one step;
         # the array must be small enough, C-contiguous, aligned and writable (flags.carray)
         if lane is not None and tensor.nbytes < lane[2] and tensor.flags.carray:
@@ -222,7 +225,10 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
             return None
     buf = adapt(tensor, "tensor", True)
     dtype = buf.dtype
-    rop = _OP_CACHE.get((op, dtype)) or resolve_op(op, dtype)
+    try:
+        rop = _OP_CACHE.get((op, dtype)) or resolve_op(op, dtype)
+    except TypeError:  # an unhashable op
+        rop = resolve_op(op, dtype)
     fr = pg._flight
     entry = None if fr is None else fr.coll("all_reduce", dtype, buf.arr.size, -1)
     if DETAIL[0]:

@@ -163,7 +163,10 @@ def resolve_op(op: Any, dtype: str, argname: str = "op") -> ResolvedOp:
     dtype does not support (bitwise ops on floats, MIN/MAX on complex).
     """
     key = (op, dtype)
-    hit = CACHE.get(key)  # checked once per (op, dtype): the hot path is this lookup
+    try:
+        hit = CACHE.get(key)  # checked once per (op, dtype): the hot path is this lookup
+    except TypeError:  # unhashable: no ReduceOp
+        raise TypeError(f"{argname} must be a ReduceOp (e.g. ReduceOp.SUM), got {op!r}") from None
     if hit is not None:
         return hit
     if isinstance(op, _PremulSum):  # never cached: the factor varies call by call

@@ -84,6 +84,8 @@ CASES = [
     ("bitwise on float", lambda: dist.all_reduce(np.ones(2), op=ReduceOp.BAND), ValueError, ["BAND", "float64"]),
     ("max on complex", lambda: dist.all_reduce(np.ones(2, complex), op=ReduceOp.MAX), ValueError, ["MAX", "complex"]),
     ("not an op", lambda: dist.all_reduce(np.ones(2), op="sum"), TypeError, ["op", "ReduceOp"]),
+    ("an unhashable op", lambda: dist.all_reduce(np.ones(2), op=[1]), TypeError, ["op", "ReduceOp", "[1]"]),
+    ("an unhashable op, reduce", lambda: dist.reduce(np.ones(2), dst=0, op={}), TypeError, ["op", "ReduceOp"]),
     ("premul without factor", lambda: dist.all_reduce(np.ones(2), op=ReduceOp.PREMUL_SUM), ValueError, ["factor"]),
     (
         "scatter list on non-src",

@@ -88,7 +88,7 @@ class MPIEngine(Engine):
         self.comm = pg._comm
         self.device_type = device_type
         self.block = bool(getattr(pg, "_block", False))
-        # (routine, name) -> (comm.Ixxx, the blocking comm.Xxx guarded by the call lock and the watchdog)
+        # (routine, name) -> (comm.Ixxx, "now": the routine run to completion under the watchdog's guard: _resolve)
         self._routines: dict[tuple[str, str], tuple[Any, Any]] = {}
         # the blocking all_reduce hot path (MPI_Allreduce run now: _resolve) for calls of fewer bytes than
         # fast_all_reduce_below; the others go to _all_reduce, which an engine with another path for large
