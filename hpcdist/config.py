@@ -81,6 +81,7 @@ __all__ = [
     "nccl_watchdog_enabled",
     "object_unpickler",
     "parse_number",
+    "shm_direct",
     "shm_mode",
     "shm_slot_bytes",
     "wait_mode",
@@ -104,6 +105,8 @@ KNOBS: dict[str, str] = {
     "HPCDIST_HIER_MIN_BYTES": "smallest message for the hierarchical path in auto mode (default 262144)",
     "HPCDIST_NODE_ID": "node identity override (default: host name + boot id + /dev/shm)",
     "HPCDIST_SHM": "auto (default: the measured table) | 1 (shared memory always) | 0 (MPI only), on one node",
+    "HPCDIST_SHM_DIRECT": "1: node-local collectives read peers' arrays directly (process_vm_readv) where the OS "
+    "allows it; 0 (default): through the shared-memory segment (docs/performance.md)",
     "HPCDIST_SHM_SLOT": "bytes per rank and pipeline stage of the shared-memory segment (1048576)",
     "HPCDIST_MPI_TUNE": "1 (default): launcher-free worlds start the embedded MPICH with UCX_MEM_EVENTS=no and, "
     "on an oversubscribed host, MPIR_CVAR_ENABLE_HEAVY_YIELD=1, where unset; 0: set nothing",
@@ -290,6 +293,12 @@ def shm_mode() -> str:
         return "auto"
     flag = env_flag("HPCDIST_SHM", None)
     return "on" if flag else "off"
+
+
+def shm_direct() -> bool:
+    """Whether shared-memory collectives may read peers' arrays directly (``HPCDIST_SHM_DIRECT``, default off:
+    on the machine of the selection table ``process_vm_readv`` copies at 5-10 GB/s where ``memcpy`` runs at 21)."""
+    return bool(env_flag("HPCDIST_SHM_DIRECT", False))
 
 
 def shm_slot_bytes() -> int:

@@ -121,10 +121,11 @@ say("NOT REACHED")
     assert r.returncode != 0 and "NOT REACHED" not in r.stdout
 
 
-@pytest.mark.parametrize("mode", ["block", "poll"])
-def test_ranks_calling_different_collectives_get_an_error_at_once_not_wrong_data(tmp_path, mode):
+@pytest.mark.parametrize(("mode", "direct"), [("block", "1"), ("poll", "1"), ("block", "0")])
+def test_ranks_calling_different_collectives_get_an_error_at_once_not_wrong_data(tmp_path, mode, direct):
     """Rank 1 broadcasts where the others all-reduce: the segment's counters alone would let them pass each
-    other's syncs (rank 1 returning wrong data); the operation tags make every rank raise, naming both calls."""
+    other's syncs (rank 1 returning wrong data); the operation tags make every rank raise, naming both calls —
+    on the direct path before any rank reads a peer's array by an address posted for another operation."""
     script = (
         PRELUDE
         + """
@@ -144,7 +145,9 @@ sys.stdout.flush()
 os._exit(0)
 """
     )
-    r = run_mpi(3, script, tmp_path, env={"HPCDIST_SHM": "1", "HPCDIST_WAIT": mode}, limit=120)
+    r = run_mpi(
+        3, script, tmp_path, env={"HPCDIST_SHM": "1", "HPCDIST_WAIT": mode, "HPCDIST_SHM_DIRECT": direct}, limit=120
+    )
     assert not r.timed_out, r.output
     lines = sorted(ln for ln in r.stdout.splitlines() if ln.startswith("RANK "))
     assert len(lines) == 3 and not any("RETURNED" in ln for ln in lines), r.output

@@ -9,6 +9,7 @@ by gathering every rank's result bytes over raw MPI.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -20,7 +21,7 @@ from test_collectives import OPS, _applies, _ref
 import hpcdist as dist
 from hpcdist import ReduceOp
 from hpcdist.backends.mpi import MPIEngine
-from hpcdist.backends.shm import ShmEngine
+from hpcdist.backends.shm import ShmEngine, direct
 
 SLOT = 64  # the smallest slot: arrays of more than 16 bytes per rank cross several chunks
 SIZES = [1, 37, 300]  # 300 float64 = 2400 B: ~40-150 chunks
@@ -30,28 +31,44 @@ def me() -> int:
     return dist.get_rank()
 
 
-@pytest.fixture(scope="module")
-def shm_groups():
-    saved = {k: os.environ.get(k) for k in ("HPCDIST_SHM", "HPCDIST_SHM_SLOT")}
-    os.environ.update(HPCDIST_SHM="1", HPCDIST_SHM_SLOT=str(SLOT))
+@contextlib.contextmanager
+def knobs_set(knobs: dict[str, str]):
+    """``os.environ`` with ``knobs`` set inside the block (a group's engine reads them when it is built)."""
+    saved = {k: os.environ.get(k) for k in knobs}
+    os.environ.update(knobs)
     try:
-        groups = make_groups()
-        groups["world"] = dist.new_group()
-        for g in groups.values():
-            if members_of(g):
-                g.engine("cpu")  # built now, while the knobs above are set
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    return groups
+
+
+@pytest.fixture(scope="module", params=["direct", "segment"])
+def shm_groups(request):
+    """Groups whose engines read peers' arrays directly (``direct``, chunks of 64 bytes) or go through the
+    segment only (``segment``: ``HPCDIST_SHM_DIRECT=0``)."""
+    knobs = {
+        "HPCDIST_SHM": "1",
+        "HPCDIST_SHM_SLOT": str(SLOT),
+        "HPCDIST_SHM_DIRECT": str(int(request.param == "direct")),
+    }
+    with knobs_set(knobs):
+        groups = make_groups()
+        groups["world"] = dist.new_group()
+        for g in groups.values():
+            if members_of(g):
+                g.engine("cpu")  # built now, while the knobs above are set
+    chunk, direct.CHUNK_BYTES = direct.CHUNK_BYTES, SLOT  # the direct reductions cross many chunks too
+    yield request.param, groups
+    direct.CHUNK_BYTES = chunk
 
 
 @pytest.fixture(params=GROUP_KINDS)
 def sgroup(request, shm_groups):
-    g = shm_groups[request.param]
+    g = shm_groups[1][request.param]
     return g, members_of(g)
 
 
@@ -68,7 +85,7 @@ def same_bytes_everywhere(group, arr) -> None:
     assert all(d == everyone[0] for d in everyone), "results differ between ranks"
 
 
-def test_engine_is_shared_memory(sgroup):
+def test_engine_is_shared_memory(sgroup, shm_groups):
     g, members = sgroup
     if not members:
         return
@@ -79,6 +96,8 @@ def test_engine_is_shared_memory(sgroup):
     assert isinstance(eng, ShmEngine)
     assert eng.path("all_reduce", 8) == "shm" and eng.path("broadcast", 1 << 30) == "shm"
     assert eng.path("all_to_all", 1 << 20) == "mpi"
+    dist.barrier(group=g)  # a shared-memory call: the segment is set up, the direct reads probed
+    assert eng.reads_directly == (shm_groups[0] == "direct")
 
 
 # NumPy for every dtype; torch where its adapter differs (bfloat16 travels as uint16 bits, float16)
@@ -89,7 +108,7 @@ OP_CASES += [("torch", d, o) for d in ("bfloat16", "float16") for o in OPS if _a
 @pytest.mark.parametrize("which", ["world", "split"])  # the other kinds run in the tests below
 @pytest.mark.parametrize(("kind", "dtype", "opname"), OP_CASES)
 def test_all_reduce_every_op_dtype(shm_groups, which, kind, dtype, opname):
-    g = shm_groups[which]
+    g = shm_groups[1][which]
     members = members_of(g)
     need(kind, dtype)
     size = 37  # uneven over 2-4 ranks; several chunks
@@ -265,3 +284,19 @@ def test_all_to_all_single_even_and_uneven(sgroup, scale, dtype):
     even_out = np.empty_like(even_in)
     dist.all_to_all_single(even_out, even_in, group=g)
     assert np.array_equal(even_out, np.concatenate([np.full(scale, 100 * s + i, dtype=dtype) for s in range(n)]))
+
+
+def test_direct_reads_are_agreed_one_rank_without_them_turns_them_off_everywhere():
+    """The last rank sets HPCDIST_SHM_DIRECT=0: the probe answers no on every rank (ranks taking different
+    algorithms would deadlock or exchange garbage), and the collectives still give the right answers."""
+    n = dist.get_world_size()
+    knobs = {"HPCDIST_SHM": "1", "HPCDIST_SHM_DIRECT": "0" if me() == n - 1 else "1"}
+    with knobs_set(knobs):
+        g = dist.new_group()
+        eng = g.engine("cpu")
+    x = np.arange(1000, dtype=np.float64) * (me() + 1)
+    dist.all_reduce(x, group=g)
+    assert np.array_equal(x, np.arange(1000, dtype=np.float64) * (n * (n + 1) // 2))
+    if n > 1:
+        assert isinstance(eng, ShmEngine) and eng.direct_allowed == (me() != n - 1)
+        assert eng.reads_directly is False

@@ -138,3 +138,73 @@ def test_bench_passes_keep_each_cells_best():
 
     merged = best_of([[row("hpcdist", 5.0), row("raw", 3.0)], [row("hpcdist", 4.0), row("raw", 9.0)]])
     assert sorted((r["variant"], r["time_us"]) for r in merged) == [("hpcdist", 4.0), ("raw", 3.0)]
+
+
+@pytest.mark.parametrize(("raw", "want"), [(None, False), ("1", True), ("on", True), ("0", False)])
+def test_shm_direct_knob(monkeypatch, raw, want):
+    if raw is None:
+        monkeypatch.delenv("HPCDIST_SHM_DIRECT", raising=False)
+    else:
+        monkeypatch.setenv("HPCDIST_SHM_DIRECT", raw)
+    assert config.shm_direct() is want
+    monkeypatch.setenv("HPCDIST_SHM_DIRECT", "sometimes")
+    with pytest.raises(ValueError, match="HPCDIST_SHM_DIRECT"):
+        config.shm_direct()
+
+
+def _reader(pids):
+    from hpcdist.backends.shm import cma
+
+    fn = cma._call()
+    if fn is None:
+        pytest.skip("no process_vm_readv in this libc / OS")
+    return cma.Reader(fn, pids)
+
+
+def test_reader_copies_another_process_memory_by_address():
+    """A child holds known bytes; the reader copies them by the child's pid and address (several MiB: the
+    kernel may copy in parts, which the reader continues), and raises naming the process once it is gone."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import numpy as np, sys\n"
+            "a = (np.arange(3 << 20, dtype=np.int64) * 7 + 3)\n"
+            "print(a.ctypes.data, flush=True)\n"
+            "sys.stdin.readline()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        addr = int(child.stdout.readline())
+        rd = _reader([child.pid])
+        got = np.zeros(3 << 20, np.int64)
+        try:
+            rd.read(0, addr, got.ctypes.data, got.nbytes)
+        except OSError as e:  # ptrace rules forbid it here: the engine's probe would say no as well
+            pytest.skip(f"this OS forbids reading a child's memory: {e}")
+        assert np.array_equal(got, np.arange(3 << 20, dtype=np.int64) * 7 + 3)
+        part = np.zeros(5, np.int64)
+        rd.read(0, addr + 8 * 100, part.ctypes.data, part.nbytes)  # from an offset
+        assert part.tolist() == [7 * i + 3 for i in range(100, 105)]
+    finally:
+        child.communicate("\n", timeout=30)
+    with pytest.raises(OSError, match=f"process {child.pid}"):
+        rd.read(0, addr, got.ctypes.data, 8)  # reaped: no such process
+
+
+def test_reader_scratch_is_kept_per_dtype_and_size():
+    import numpy as np
+
+    rd = _reader([0])
+    a = rd.scratch(np.dtype(np.float32), 2, 16)
+    assert len(a) == 2 and all(x.dtype == np.float32 and x.size == 16 for x in a)
+    assert rd.scratch(np.dtype(np.float32), 1, 16)[0] is a[0]  # reused, not reallocated
+    assert rd.scratch(np.dtype(np.float64), 3, 16)[2].dtype == np.float64

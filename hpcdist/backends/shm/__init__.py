@@ -4,6 +4,8 @@
 * :mod:`.segment`     one POSIX shared-memory segment over a communicator of one node, its counter barrier;
 * :mod:`.algorithms`  all_reduce / reduce / broadcast / all_gather / reduce_scatter / all_to_all over a
   segment (building blocks for hierarchical engines too);
+* :mod:`.cma`         reading a peer's memory directly (``process_vm_readv``), probed per segment;
+* :mod:`.direct`      single-copy all_reduce / broadcast / all_gather / reduce_scatter through it;
 * :mod:`.table`       the measured table: which path each operation and size takes;
 * :mod:`.engine`      :class:`ShmEngine`, the host engine that puts them together.
 

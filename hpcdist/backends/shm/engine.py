@@ -7,6 +7,14 @@ shared-memory path wins for this operation, group size and array size; if
 not, the MPI engine's method runs, unchanged. Point-to-point, gather,
 scatter and the list form of all_to_all are always MPI.
 
+Two ways through shared memory: by default the data goes through the
+segment, a copy in and a copy out (:mod:`.algorithms`). With
+``HPCDIST_SHM_DIRECT=1``, where the OS lets the ranks read each other's
+memory (:mod:`.cma`, probed together when the segment is set up),
+all_reduce, broadcast, all_gather and reduce_scatter read the peers' arrays
+directly, one copy (:mod:`.direct`; half floats, PREMUL_SUM, reduce and
+all_to_all keep the segment).
+
 The segment is set up by the first call that takes the shared-memory path
 (collective over the group, as that call is, and bounded by the group's
 timeout), when every rank of the group is on this node
@@ -32,7 +40,7 @@ from ...ops import ResolvedOp
 from ...work import Work, completed_work
 from ..mpi import MPIEngine
 from . import algorithms as alg
-from . import table
+from . import cma, direct, table
 from .node import one_node
 from .segment import Segment
 
@@ -92,8 +100,15 @@ class ShmEngine(MPIEngine):
         # smaller blocking calls take MPIEngine's fast path untouched
         self.fast_all_reduce_below = min(self.fast_all_reduce_below, self._ar_lo)
         self._seg: Segment | bool | None = None  # None: not set up; False: the group spans nodes
+        self.direct_allowed = config.shm_direct()
+        self._rd: cma.Reader | None = None  # reads the peers' arrays directly (set up with the segment), if allowed
 
     # -- selection -----------------------------------------------------------
+
+    @property
+    def reads_directly(self) -> bool:
+        """Whether the segment's ranks read each other's arrays directly (known after the first shared-memory call)."""
+        return self._rd is not None
 
     def path(self, op: str, nbytes: int) -> str:
         """``"shm"`` or ``"mpi"``: the path ``op`` on ``nbytes`` takes (``"mpi"`` once known to span nodes)."""
@@ -128,7 +143,9 @@ class ShmEngine(MPIEngine):
         pg = self.pg
         if not one_node(pg):
             return False
-        return Segment(pg._comm, self.slot_bytes, pg._timeout_s, (op, pg), table.OPS)
+        seg = Segment(pg._comm, self.slot_bytes, pg._timeout_s, (op, pg), table.OPS)
+        self._rd = cma.probe(seg, self.direct_allowed)
+        return seg
 
     def close(self) -> None:
         """Unmap the segment (local: no message, at group destruction)."""
@@ -155,7 +172,10 @@ class ShmEngine(MPIEngine):
         seg = self._use("broadcast", buf.arr.nbytes)
         if seg is None:
             return super().broadcast(buf, root, sync)
-        alg.broadcast(seg, buf.arr.reshape(-1), root)
+        if self._rd is not None:
+            direct.broadcast(seg, self._rd, buf.arr.reshape(-1), root)
+        else:
+            alg.broadcast(seg, buf.arr.reshape(-1), root)
         return self._done(sync, "broadcast", buf.obj, *([buf] if seg.rank != root else []))
 
     def _all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool) -> Work | None:
@@ -165,7 +185,10 @@ class ShmEngine(MPIEngine):
             return MPIEngine._all_reduce(self, buf, rop, sync)
         flat = buf.arr.reshape(-1)
         half = buf.dtype if buf.dtype in HALF_DTYPES else None
-        alg.all_reduce(seg, flat, flat, rop.mpi_name, half, rop.premul, rop.average)
+        if self._rd is not None and half is None and rop.premul is None:
+            direct.all_reduce(seg, self._rd, flat, rop.mpi_name, rop.average)
+        else:
+            alg.all_reduce(seg, flat, flat, rop.mpi_name, half, rop.premul, rop.average)
         return self._done(sync, "all_reduce", buf.obj, buf)
 
     def host_all_reduce_many(self, arrays: list[Any], dtype: str, rop: ResolvedOp, nbytes: int) -> None:
@@ -191,7 +214,7 @@ class ShmEngine(MPIEngine):
         seg = self._use("all_gather", inp.arr.nbytes * len(outs)) if even else None
         if seg is None:
             return super().all_gather(outs, inp, sync)
-        alg.all_gather(seg, inp.arr.reshape(-1), [o.arr.reshape(-1) for o in outs])
+        self._all_gather(seg, inp.arr.reshape(-1), [o.arr.reshape(-1) for o in outs])
         return self._done(sync, "all_gather", [o.obj for o in outs], *outs)
 
     def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work | None:
@@ -199,7 +222,7 @@ class ShmEngine(MPIEngine):
         if seg is None:
             return super().all_gather_into(out, inp, sync)
         rows = out.arr.reshape(seg.size, out.arr.size // seg.size)
-        alg.all_gather(seg, inp.arr.reshape(-1), list(rows))
+        self._all_gather(seg, inp.arr.reshape(-1), list(rows))
         return self._done(sync, "all_gather_into_tensor", out.obj, out)
 
     def reduce_scatter(self, out: Buf, ins: list[Buf], rop: ResolvedOp, sync: bool = False) -> Work | None:
@@ -209,8 +232,7 @@ class ShmEngine(MPIEngine):
         if seg is None:
             return super().reduce_scatter(out, ins, rop, sync)
         half = out.dtype if out.dtype in HALF_DTYPES else None
-        srcs = [b.arr.reshape(-1) for b in ins]
-        alg.reduce_scatter(seg, srcs, out.arr.reshape(-1), rop.mpi_name, half, rop.premul, rop.average)
+        self._reduce_scatter(seg, [b.arr.reshape(-1) for b in ins], out.arr.reshape(-1), rop, half)
         return self._done(sync, "reduce_scatter", out.obj, out)
 
     def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
@@ -218,9 +240,22 @@ class ShmEngine(MPIEngine):
         if seg is None:
             return super().reduce_scatter_tensor(out, inp, rop, sync)
         half = out.dtype if out.dtype in HALF_DTYPES else None
-        srcs = list(inp.arr.reshape(seg.size, inp.arr.size // seg.size))
-        alg.reduce_scatter(seg, srcs, out.arr.reshape(-1), rop.mpi_name, half, rop.premul, rop.average)
+        self._reduce_scatter(
+            seg, list(inp.arr.reshape(seg.size, inp.arr.size // seg.size)), out.arr.reshape(-1), rop, half
+        )
         return self._done(sync, "reduce_scatter_tensor", out.obj, out)
+
+    def _all_gather(self, seg: Segment, src: Any, outs: list[Any]) -> None:
+        if self._rd is not None:
+            direct.all_gather(seg, self._rd, src, outs)
+        else:
+            alg.all_gather(seg, src, outs)
+
+    def _reduce_scatter(self, seg: Segment, srcs: list[Any], dst: Any, rop: ResolvedOp, half: str | None) -> None:
+        if self._rd is not None and half is None and rop.premul is None:
+            direct.reduce_scatter(seg, self._rd, srcs, dst, rop.mpi_name, rop.average)
+        else:
+            alg.reduce_scatter(seg, srcs, dst, rop.mpi_name, half, rop.premul, rop.average)
 
     def all_to_all_single(
         self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int], sync: bool = False

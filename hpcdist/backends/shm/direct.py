@@ -1,0 +1,144 @@
+"""Single-copy node-local collectives: every rank reads its peers' arrays directly (:mod:`.cma`).
+
+The segment carries only addresses and the counter barrier; the data moves
+once, from a peer's array into this rank's (or into a small scratch buffer
+that stays in cache), in the kernel. Per rank and element an all_reduce
+does ``(n - 1) / n`` of a read for its slice, ``1 / n`` of a reduction and
+``(n - 1) / n`` of a read of the others' results — about half the memory
+traffic of the segment's algorithms (:mod:`.algorithms`: a copy in and a copy
+out of everything).
+
+SPMD: every rank of the segment calls the same function with arrays of the
+same sizes; each begins by posting the addresses of its arrays in its slot
+and syncing (the first sync also checks that every rank begun the same
+operation of the same size: :meth:`Segment.begin`, so no rank reads past a
+peer's array), and ends with a sync, so that no rank returns — and lets its
+caller change or free the array — while a peer may still read it.
+
+Reductions: the owner of each slice reduces it in rank order
+``((x0 op x1) op x2) ...``, as :mod:`.algorithms` does (the same bits on every
+rank, from run to run, and the same as the segment's path). Half floats and
+PREMUL_SUM, converted on the way in, stay on the segment's path.
+Arrays are flat and C-contiguous (the engine's :class:`~hpcdist.buffers.adapters.Buf`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...buffers.reduction import scale_average
+from .algorithms import UFUNCS, _bounds, _reduce_ordered
+from .cma import Reader
+from .segment import Segment
+
+__all__ = ["CHUNK_BYTES", "all_gather", "all_reduce", "broadcast", "reduce_scatter"]
+
+#: bytes per peer read into scratch before a reduction step: small enough to stay in the L2 cache
+CHUNK_BYTES = 256 << 10
+
+
+def _post(seg: Segment, addrs: list[int]) -> list[list[int]]:
+    """Post this rank's ``addrs`` (one sync; it checks the operation's tags); every rank's, by rank."""
+    set_ = seg.set_of(seg.step)
+    k = len(addrs)
+    seg.slot(set_, seg.rank, np.int64, k)[:] = addrs
+    seg.sync()
+    return [seg.slot(set_, r, np.int64, k).tolist() for r in range(seg.size)]
+
+
+def _others(seg: Segment) -> list[int]:
+    """The other ranks, from the next one on (no two ranks start reading the same peer)."""
+    n, me = seg.size, seg.rank
+    return [(me + i) % n for i in range(1, n)]
+
+
+def _reduce_from(
+    seg: Segment,
+    rd: Reader,
+    addrs: list[int],
+    mine: np.ndarray,
+    out: np.ndarray,
+    mpi_op: str,
+    average: bool,
+) -> None:
+    """``out = mine(rank 0) op ... op mine(rank n-1)``, rank order: the peers' parts (at ``addrs[r]``, the same
+    size as ``mine``) read chunk by chunk into scratch; ``out`` may be ``mine``."""
+    n, me = seg.size, seg.rank
+    isz = mine.itemsize
+    k = max(1, CHUNK_BYTES // isz)
+    tmps = rd.scratch(mine.dtype, n - 1, k)
+    ufunc = UFUNCS[mpi_op]
+    for lo in range(0, mine.size, k):
+        e = min(k, mine.size - lo)
+        parts: list[np.ndarray] = []
+        for r in range(n):
+            if r == me:
+                parts.append(mine[lo : lo + e])
+                continue
+            t = tmps[len(parts) - (r > me)][:e]
+            rd.read(r, addrs[r] + lo * isz, t.ctypes.data, e * isz)
+            parts.append(t)
+        piece = out[lo : lo + e]
+        _reduce_ordered(parts, piece, ufunc)
+        if average:
+            scale_average(piece, n)
+
+
+def all_reduce(seg: Segment, rd: Reader, x: np.ndarray, mpi_op: str, average: bool = False) -> None:
+    """Reduce ``x`` over the segment's ranks, in place on every rank. Three syncs.
+
+    Rank ``r`` reduces slice ``r`` of the array (reading the peers' slices ``r``),
+    then, after a sync, reads every peer's reduced slice into its own array.
+    """
+    n, me = seg.size, seg.rank
+    addrs = [a[0] for a in _post(seg, [x.ctypes.data])]
+    b = _bounds(x.size, n)
+    isz = x.itemsize
+    mine = x[b[me] : b[me + 1]]
+    if mine.size:
+        _reduce_from(seg, rd, [a + b[me] * isz for a in addrs], mine, mine, mpi_op, average)
+    seg.sync()  # every slice is reduced
+    for r in _others(seg):
+        if b[r + 1] > b[r]:
+            rd.read(r, addrs[r] + b[r] * isz, x.ctypes.data + b[r] * isz, (b[r + 1] - b[r]) * isz)
+    seg.sync()  # every peer has read this rank's slice
+
+
+def broadcast(seg: Segment, rd: Reader, arr: np.ndarray, root: int) -> None:
+    """Copy ``arr`` of rank ``root`` into ``arr`` on every rank. Two syncs."""
+    addrs = _post(seg, [arr.ctypes.data])
+    if seg.rank != root:
+        rd.read(root, addrs[root][0], arr.ctypes.data, arr.nbytes)
+    seg.sync()  # the root's array is read
+
+
+def all_gather(seg: Segment, rd: Reader, src: np.ndarray, outs: list[np.ndarray]) -> None:
+    """Every rank's ``src`` (equal sizes) into ``outs[r]`` on every rank. Two syncs."""
+    me = seg.rank
+    if any(np.may_share_memory(src, o) for r, o in enumerate(outs) if r != me):
+        src = src.copy()  # the peers read src while this rank writes outs: keep what they read apart
+    addrs = _post(seg, [src.ctypes.data])
+    if not np.may_share_memory(src, outs[me]):
+        np.copyto(outs[me], src)
+    for r in _others(seg):
+        rd.read(r, addrs[r][0], outs[r].ctypes.data, src.nbytes)
+    seg.sync()  # every peer has read this rank's src
+
+
+def reduce_scatter(
+    seg: Segment, rd: Reader, ins: list[np.ndarray], dst: np.ndarray, mpi_op: str, average: bool = False
+) -> None:
+    """Reduce ``ins[r]`` (one per rank, equal sizes) over the ranks into ``dst`` on rank ``r``. Two syncs.
+
+    ``dst`` may be ``ins[rank]`` (the peers never read it); where it overlaps
+    another row it is computed aside and copied in after the last sync.
+    """
+    me = seg.rank
+    posted = _post(seg, [a.ctypes.data for a in ins])
+    aside = any(np.may_share_memory(dst, a) for r, a in enumerate(ins) if r != me)
+    out = np.empty_like(dst) if aside else dst
+    if dst.size:
+        _reduce_from(seg, rd, [p[me] for p in posted], ins[me], out, mpi_op, average)
+    seg.sync()  # every peer has read this rank's rows
+    if aside:
+        np.copyto(dst, out)
