@@ -355,6 +355,17 @@ def write_csv(rows: list[dict[str, Any]], path: str) -> None:
         w.writerows(rows)
 
 
+def read_csv(paths: list[str]) -> list[dict[str, Any]]:
+    """The rows of earlier ``--csv`` files, typed as :func:`run` makes them (for ``--from-csv``)."""
+    types = {"ranks": int, "bytes": int, "time_us": float, "algbw_GBps": float, "busbw_GBps": float}
+    rows = []
+    for path in paths:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                rows.append({k: types.get(k, str)(v) for k, v in row.items()})
+    return rows
+
+
 def write_plot(rows: list[dict[str, Any]], path: str) -> None:
     """Bus bandwidth against size, one panel per (op, ranks), one line per variant (needs matplotlib)."""
     try:
@@ -405,6 +416,24 @@ def _header() -> str:
     )
 
 
+def _from_csv(args: argparse.Namespace) -> int:
+    """``--from-csv``: the outputs of a sweep from its CSV files, without MPI (e.g. 2 ranks and 4 ranks measured
+    in separate launches, plotted together)."""
+    _outputs(read_csv(args.from_csv), args)
+    return 0
+
+
+def _outputs(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """Print the tables (and ``--table``'s rows); write ``--csv`` and ``--plot``."""
+    print(format_tables(rows))
+    if args.table:
+        print("\n# measured crossovers for hpcdist/backends/shm/table.py\n" + selection_rows(rows))
+    if args.csv:
+        write_csv(rows, args.csv)
+    if args.plot:
+        write_plot(rows, args.plot)
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``hpcdist bench`` (run it under mpiexec / srun / ``hpcdist run``)."""
     p = argparse.ArgumentParser(prog="hpcdist bench", description=__doc__.split("\n\n")[0])
@@ -425,7 +454,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--plot", help="write a PNG of bus bandwidth against size (needs matplotlib)")
     p.add_argument("--table", action="store_true", help="print the shared-memory selection table from the results")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
+    p.add_argument(
+        "--from-csv",
+        nargs="+",
+        metavar="CSV",
+        help="measure nothing: print the tables of earlier --csv files (merged; with --plot, --table, --csv)",
+    )
     args = p.parse_args(argv)
+    if args.from_csv:
+        return _from_csv(args)
     try:
         parse_sizes(args.sizes)  # bad sizes fail before MPI starts
     except ValueError as exc:
@@ -438,13 +475,7 @@ def main(argv: list[str]) -> int:
 
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(_header())
-        print(format_tables(rows))
-        if args.table:
-            print("\n# measured crossovers for hpcdist/backends/shm/table.py\n" + selection_rows(rows))
-        if args.csv:
-            write_csv(rows, args.csv)
-        if args.plot:
-            write_plot(rows, args.plot)
+        _outputs(rows, args)
     import hpcdist as dist
 
     dist.destroy_process_group()

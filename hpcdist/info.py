@@ -222,6 +222,15 @@ def _shared_memory() -> dict[str, Any]:
         out["slot_bytes"] = config.shm_slot_bytes()
     except ValueError as exc:
         out["slot_bytes"] = str(exc)
+    try:
+        direct = config.shm_direct()
+        out["direct_reads"] = (
+            "on where the OS allows it (HPCDIST_SHM_DIRECT=1): all_reduce, broadcast, all_gather, reduce_scatter"
+            if direct
+            else "off (HPCDIST_SHM_DIRECT=1 turns them on)"
+        )
+    except ValueError as exc:
+        out["direct_reads"] = str(exc)
     out["table"] = f"{table.MACHINE}; {table.DATE}"
     out["paths"] = {op: "; ".join(f"{k} ranks: {table.describe(op, k, mode)}" for k in (2, 4)) for op in table.OPS}
     if mode == "auto":

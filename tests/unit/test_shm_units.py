@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from hpcdist import bucket_indices, config
@@ -102,6 +104,19 @@ def test_info_reports_the_path_per_op(monkeypatch, raw, want):
     paths = collect()["shared_memory"]["paths"]
     assert set(paths) == set(table.OPS)
     assert all(p == f"2 ranks: {want}; 4 ranks: {want}" for p in paths.values())
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"), [(None, "off"), ("1", "on where"), ("x", "environment variable HPCDIST_SHM_DIRECT must be")]
+)
+def test_info_reports_direct_reads(monkeypatch, raw, want):
+    from hpcdist.info import collect
+
+    if raw is None:
+        monkeypatch.delenv("HPCDIST_SHM_DIRECT", raising=False)
+    else:
+        monkeypatch.setenv("HPCDIST_SHM_DIRECT", raw)
+    assert collect()["shared_memory"]["direct_reads"].startswith(want)
 
 
 def test_describe_a_window(monkeypatch):
@@ -208,3 +223,28 @@ def test_reader_scratch_is_kept_per_dtype_and_size():
     assert len(a) == 2 and all(x.dtype == np.float32 and x.size == 16 for x in a)
     assert rd.scratch(np.dtype(np.float32), 1, 16)[0] is a[0]  # reused, not reallocated
     assert rd.scratch(np.dtype(np.float64), 3, 16)[2].dtype == np.float64
+
+
+def test_bench_from_csv_merges_launches_without_mpi(tmp_path, capsys):
+    """2 ranks and 4 ranks measured in separate launches: --from-csv prints, merges and plots them together."""
+    from hpcdist.bench import main, read_csv, write_csv
+
+    def row(ranks, nbytes, variant, t):
+        bw = nbytes / t / 1e3
+        return {"op": "all_reduce", "ranks": ranks, "bytes": nbytes, "variant": variant, "path": "shm",
+                "time_us": t, "algbw_GBps": bw, "busbw_GBps": bw * 2 * (ranks - 1) / ranks}  # fmt: skip
+
+    two = [row(2, 1 << 20, "hpcdist", 50.0), row(2, 1 << 20, "raw", 100.0)]
+    four = [row(4, 1 << 20, "hpcdist", 80.0), row(4, 1 << 20, "raw", 120.0)]
+    a, b, merged = tmp_path / "a.csv", tmp_path / "b.csv", tmp_path / "m.csv"
+    write_csv(two, str(a))
+    write_csv(four, str(b))
+    assert read_csv([str(a)]) == two  # typed back as measured
+    assert main(["--from-csv", str(a), str(b), "--csv", str(merged)]) == 0
+    out = capsys.readouterr().out
+    assert "### all_reduce, 2 ranks" in out and "### all_reduce, 4 ranks" in out
+    assert "| 2.00x |" in out and "| 1.50x |" in out  # hpcdist/raw per launch: 100/50, 120/80
+    assert read_csv([str(merged)]) == two + four
+    if importlib.util.find_spec("matplotlib"):
+        assert main(["--from-csv", str(merged), "--plot", str(tmp_path / "p.png")]) == 0
+        assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
