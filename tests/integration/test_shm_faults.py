@@ -155,3 +155,48 @@ os._exit(0)
         assert "DistError after" in ln and "called different collectives" in ln, r.output
         assert "broadcast of 4000 bytes" in ln and "all_reduce of 4000 bytes" in ln, r.output
         assert float(ln.split(" after ")[1].split("s:")[0]) < 30, "not at once: " + ln
+
+
+def test_a_failed_direct_read_is_a_clear_error_and_the_others_time_out(tmp_path):
+    """The last rank's read of a peer's array fails (as when the peer exited): it raises DistError naming the
+    operation at once; the others time out at the next sync instead of hanging; the segment then refuses every
+    later call at once; the job ends (a timeout left the group out of step: exit status 124)."""
+    script = (
+        PRELUDE
+        + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=3))
+r, n = dist.get_rank(), dist.get_world_size()
+x = np.ones(1000, np.float32)
+dist.all_reduce(x)                     # sets up the segment, probes the direct reads
+eng = dist.group.WORLD.engine("cpu")
+say(f"RANK {r} DIRECT {eng.reads_directly} SUM {x[0]:g}")
+
+
+def refused(rank, remote, local, nbytes):
+    raise OSError(3, f"reading {nbytes} bytes of process 0 (process_vm_readv): No such process")
+
+
+if r == n - 1:
+    eng._rd.read = refused
+t0 = time.monotonic()
+for attempt in ("first", "again"):
+    try:
+        dist.all_reduce(x)
+        say(f"RANK {r} {attempt} RETURNED")
+    except dist.DistError as e:
+        say(f"RANK {r} {attempt} {type(e).__name__} after {time.monotonic() - t0:.1f}s: {e}")
+"""
+    )
+    r = run_mpi(3, script, tmp_path, env={"HPCDIST_SHM": "1", "HPCDIST_SHM_DIRECT": "1"}, limit=120)
+    assert not r.timed_out, r.output
+    out = r.stdout
+    assert all(f"RANK {k} DIRECT True SUM 3" in out for k in range(3)), r.output
+    assert "RETURNED" not in out, r.output
+    failed = [ln for ln in out.splitlines() if ln.startswith("RANK 2 first ")]
+    assert failed and "DistError after" in failed[0] and "reading group rank" in failed[0], r.output
+    assert float(failed[0].split(" after ")[1].split("s:")[0]) < 2.5, "not at once: " + failed[0]
+    for k in (0, 1):
+        assert f"RANK {k} first DistTimeoutError" in out, r.output
+    for k in range(3):
+        assert f"RANK {k} again DistTimeoutError" in out and "out of step" in out, r.output
+    assert r.returncode == 124, r.output

@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...buffers.reduction import scale_average
+from ...errors import DistError, describe_op
 from .algorithms import UFUNCS, _bounds, _reduce_ordered
 from .cma import Reader
 from .segment import Segment
@@ -44,6 +45,20 @@ def _post(seg: Segment, addrs: list[int]) -> list[list[int]]:
     seg.slot(set_, seg.rank, np.int64, k)[:] = addrs
     seg.sync()
     return [seg.slot(set_, r, np.int64, k).tolist() for r in range(seg.size)]
+
+
+def _read(seg: Segment, rd: Reader, rank: int, remote: int, local: int, nbytes: int) -> None:
+    """``rd.read`` of rank ``rank``'s memory; a failure (the peer exited, the OS refused) is a DistError naming the
+    operation, and the segment is out of step from then on (the other ranks time out at the next sync)."""
+    try:
+        rd.read(rank, remote, local, nbytes)
+    except OSError as e:
+        seg.broken = True
+        raise DistError(
+            f"{describe_op(seg.what)}: reading group rank {rank}'s array directly failed: {e}. The peer exited or "
+            "the OS no longer allows it; the group's shared memory is out of step now: create a new group "
+            "(HPCDIST_SHM_DIRECT=0 goes through the segment instead)"
+        ) from e
 
 
 def _others(seg: Segment) -> list[int]:
@@ -76,7 +91,7 @@ def _reduce_from(
                 parts.append(mine[lo : lo + e])
                 continue
             t = tmps[len(parts) - (r > me)][:e]
-            rd.read(r, addrs[r] + lo * isz, t.ctypes.data, e * isz)
+            _read(seg, rd, r, addrs[r] + lo * isz, t.ctypes.data, e * isz)
             parts.append(t)
         piece = out[lo : lo + e]
         _reduce_ordered(parts, piece, ufunc)
@@ -100,7 +115,7 @@ def all_reduce(seg: Segment, rd: Reader, x: np.ndarray, mpi_op: str, average: bo
     seg.sync()  # every slice is reduced
     for r in _others(seg):
         if b[r + 1] > b[r]:
-            rd.read(r, addrs[r] + b[r] * isz, x.ctypes.data + b[r] * isz, (b[r + 1] - b[r]) * isz)
+            _read(seg, rd, r, addrs[r] + b[r] * isz, x.ctypes.data + b[r] * isz, (b[r + 1] - b[r]) * isz)
     seg.sync()  # every peer has read this rank's slice
 
 
@@ -108,7 +123,7 @@ def broadcast(seg: Segment, rd: Reader, arr: np.ndarray, root: int) -> None:
     """Copy ``arr`` of rank ``root`` into ``arr`` on every rank. Two syncs."""
     addrs = _post(seg, [arr.ctypes.data])
     if seg.rank != root:
-        rd.read(root, addrs[root][0], arr.ctypes.data, arr.nbytes)
+        _read(seg, rd, root, addrs[root][0], arr.ctypes.data, arr.nbytes)
     seg.sync()  # the root's array is read
 
 
@@ -121,7 +136,7 @@ def all_gather(seg: Segment, rd: Reader, src: np.ndarray, outs: list[np.ndarray]
     if not np.may_share_memory(src, outs[me]):
         np.copyto(outs[me], src)
     for r in _others(seg):
-        rd.read(r, addrs[r][0], outs[r].ctypes.data, src.nbytes)
+        _read(seg, rd, r, addrs[r][0], outs[r].ctypes.data, src.nbytes)
     seg.sync()  # every peer has read this rank's src
 
 
