@@ -297,7 +297,7 @@ def shm_mode() -> str:
 
 def shm_direct() -> bool:
     """Whether shared-memory collectives may read peers' arrays directly (``HPCDIST_SHM_DIRECT``, default off:
-    on the machine of the selection table ``process_vm_readv`` copies at 5-10 GB/s where ``memcpy`` runs at 21)."""
+    on the machine of the selection table ``process_vm_readv`` copies at 5-10 GB/s where ``memcpy`` runs at 21-34)."""
     return bool(env_flag("HPCDIST_SHM_DIRECT", False))
 
 

@@ -11,7 +11,7 @@ secret token correctly; otherwise they keep the segment's two-copy
 algorithms. It is off unless ``HPCDIST_SHM_DIRECT=1`` (on every rank: one
 rank without it makes the probe answer no everywhere): in a VM, where the
 kernel pins and maps the peer's pages one batch at a time, it copied at
-5-10 GB/s where ``memcpy`` ran at 21 GB/s, and the segment's two copies won
+5-10 GB/s where ``memcpy`` ran at 21-34 GB/s, and the segment's two copies won
 (docs/benchmarks/shm.md). On bare metal measure both with ``hpcdist bench``.
 
 Nothing here runs at import; the C function is looked up by the first probe.
