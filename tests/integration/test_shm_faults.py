@@ -200,3 +200,41 @@ for attempt in ("first", "again"):
     for k in range(3):
         assert f"RANK {k} again DistTimeoutError" in out and "out of step" in out, r.output
     assert r.returncode == 124, r.output
+
+
+def test_a_file_left_by_a_job_killed_during_setup_is_removed_by_the_next_segment(tmp_path):
+    """A job ended by MPI_Abort while its rank 0 waited for the others to map the new file leaves the file in
+    /dev/shm (rank 0 is killed before it unlinks it). The next segment set up on the node removes it: its
+    creator, a process of this PID namespace, is gone. Files of live processes stay."""
+    import os
+    import subprocess
+    import sys
+
+    from hpcdist.backends.shm import segment
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(timeout=60)
+    ns = segment._pid_namespace()
+    left = f"/dev/shm/hpcdist-{ns}-{child.pid}-{os.urandom(6).hex()}"
+    live = f"/dev/shm/hpcdist-{ns}-{os.getpid()}-{os.urandom(6).hex()}"
+    for p in (left, live):
+        with open(p, "wb") as f:
+            f.write(b"\0" * 4096)
+    try:
+        script = (
+            PRELUDE
+            + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=30))
+x = np.ones(1000, np.float32)
+dist.all_reduce(x)                     # the first shared-memory call: rank 0 creates the segment's file
+say("SUM", x[0])
+"""
+        )
+        r = run_mpi(2, script, tmp_path, env={"HPCDIST_SHM": "1"}, limit=90)
+        assert r.returncode == 0 and "SUM 2.0" in r.stdout, r.output
+        assert not os.path.exists(left), "the leftover of a dead creator was not removed"
+        assert os.path.exists(live), "a live process's file was removed"
+    finally:
+        for p in (left, live):
+            if os.path.exists(p):
+                os.unlink(p)

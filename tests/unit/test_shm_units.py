@@ -248,3 +248,32 @@ def test_bench_from_csv_merges_launches_without_mpi(tmp_path, capsys):
     if importlib.util.find_spec("matplotlib"):
         assert main(["--from-csv", str(merged), "--plot", str(tmp_path / "p.png")]) == 0
         assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(timeout=60)
+    return child.pid
+
+
+def test_sweep_removes_only_files_of_dead_creators_of_this_namespace_and_user(tmp_path):
+    import os
+
+    from hpcdist.backends.shm import segment
+
+    ns, dead = segment._pid_namespace(), _dead_pid()
+    names = {
+        "left": f"hpcdist-{ns}-{dead}-0123456789ab",  # its creator is gone: removed
+        "live": f"hpcdist-{ns}-{os.getpid()}-0123456789ab",  # this process: a setup in progress, kept
+        "other_ns": f"hpcdist-{ns}1-{dead}-0123456789ab",  # another PID namespace: its pids mean nothing here
+        "odd": f"hpcdist-{ns}-notapid-0123456789ab",
+        "foreign": "something-else",
+    }
+    for n in names.values():
+        (tmp_path / n).write_bytes(b"x")
+    assert segment.sweep(str(tmp_path)) == [f"{tmp_path}/{names['left']}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(v for k, v in names.items() if k != "left")
+    assert segment.sweep(str(tmp_path / "missing")) == []  # no such directory: nothing to do

@@ -1,11 +1,15 @@
 """One shared-memory segment of a node's ranks, and its counter barrier.
 
-**Memory.** A POSIX shared-memory file (``/dev/shm/hpcdist-<pid>-<random>``)
-that the communicator's rank 0 creates and sizes, whose name it hands to the
+**Memory.** A POSIX shared-memory file (``/dev/shm/hpcdist-<pidns>-<pid>-<random>``:
+the creator's PID namespace and process id) that the communicator's rank 0 creates and sizes, whose name it hands to the
 others (a polled ``MPI_Ibcast``), which every rank maps, and which rank 0
 unlinks as soon as every rank has mapped it (a polled barrier): nothing is
 left in ``/dev/shm`` even when a process is killed later, and the mapping
-lives until every rank unmaps it. Unlike an MPI-3 shared window this works in
+lives until every rank unmaps it. A job killed *during* that setup (another
+rank's exception ends it with ``MPI_Abort``) leaves the file; the next rank 0
+that creates a segment on the node first removes every such file of its own
+user whose creator, a process of its own PID namespace, no longer exists
+(:func:`sweep`). Unlike an MPI-3 shared window this works in
 every world, launcher-free ones included (MPICH refuses shared windows to
 processes joined through ports), and freeing it is local (``MPI_Win_free`` is
 a collective that waits for a stuck peer). Every step of the setup is bounded
@@ -60,7 +64,7 @@ from ..._timed import timed_allgather_json, timed_bcast_json
 from ...errors import DistError, DistTimeoutError, describe_op
 from ...work import timeout_error
 
-__all__ = ["NSETS", "Segment"]
+__all__ = ["NSETS", "Segment", "sweep"]
 
 NSETS = 3
 _LINE = 64  # bytes per rank counter: one cache line each (no false sharing)
@@ -91,10 +95,57 @@ def _nothing() -> None:
     return None
 
 
+def _pid_namespace() -> str:
+    """This process's PID namespace as a short token ("0" where /proc does not tell)."""
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return "0"
+    return "".join(c for c in link if c.isdigit()) or "0"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, as another user's process
+        return True
+    return True
+
+
+def sweep(directory: str = _SHM_DIR) -> list[str]:
+    """Remove the segment files left by dead creators of this PID namespace and user; the paths removed.
+
+    A file is left only when its job was killed between creating it and every rank mapping it; a live
+    creator's file (its setup still running) and files of other namespaces (whose process ids mean
+    nothing here) or users are never touched.
+    """
+    prefix = f"hpcdist-{_pid_namespace()}-"
+    uid = os.getuid()
+    removed: list[str] = []
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(prefix) :].split("-", 1)[0]
+        path = f"{directory}/{name}"
+        try:
+            if not pid.isdigit() or _alive(int(pid)) or os.stat(path).st_uid != uid:
+                continue
+            os.unlink(path)
+        except OSError:  # gone meanwhile (another rank 0 swept it), or not ours to remove
+            continue
+        removed.append(path)
+    return removed
+
+
 def _create(total: int) -> tuple[str, int]:
     """Rank 0: a new shared-memory file of ``total`` bytes (zeroed); its path and descriptor."""
+    sweep()
     for _ in range(8):
-        path = f"{_SHM_DIR}/hpcdist-{os.getpid()}-{secrets.token_hex(6)}"
+        path = f"{_SHM_DIR}/hpcdist-{_pid_namespace()}-{os.getpid()}-{secrets.token_hex(6)}"
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:  # pragma: no cover - 48 random bits collided
