@@ -517,3 +517,14 @@ def test_free_port_is_below_the_ephemeral_range_and_free(tmp_path):
     fake.write_text("40000\t50000\n")
     assert _launchenv._ephemeral_range(str(fake)) == (40000, 50000)
     assert _launchenv._ephemeral_range(str(tmp_path / "missing")) == (32768, 60999)
+
+
+def test_every_knob_is_in_the_readme_table():
+    """README's "Environment knobs" table promises every variable config.py reads: each KNOBS entry has a row."""
+    from pathlib import Path
+
+    from hpcdist.config import KNOBS
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("## Environment knobs", 1)[1].split("\n## ", 1)[0]
+    assert [k for k in KNOBS if f"| `{k}` |" not in table] == []
