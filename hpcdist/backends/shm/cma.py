@@ -20,6 +20,7 @@ Nothing here runs at import; the C function is looked up by the first probe.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import secrets
 import sys
@@ -36,24 +37,19 @@ class _IOVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
-_CALL: list[Any] = []  # [process_vm_readv or None], looked up once
-
-
+@functools.cache
 def _call() -> Any:
-    """libc's ``process_vm_readv`` (None where there is none: not Linux, an old libc)."""
-    if not _CALL:
-        fn = None
-        if sys.platform.startswith("linux"):
-            try:
-                fn = ctypes.CDLL(None, use_errno=True).process_vm_readv
-            except (OSError, AttributeError):  # pragma: no cover - a libc without it
-                fn = None
-            if fn is not None:
-                iov = ctypes.POINTER(_IOVec)
-                fn.argtypes = [ctypes.c_int, iov, ctypes.c_ulong, iov, ctypes.c_ulong, ctypes.c_ulong]
-                fn.restype = ctypes.c_ssize_t
-        _CALL.append(fn)
-    return _CALL[0]
+    """libc's ``process_vm_readv``, looked up once (None where there is none: not Linux, an old libc)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).process_vm_readv
+    except (OSError, AttributeError):  # pragma: no cover - a libc without it
+        return None
+    iov = ctypes.POINTER(_IOVec)
+    fn.argtypes = [ctypes.c_int, iov, ctypes.c_ulong, iov, ctypes.c_ulong, ctypes.c_ulong]
+    fn.restype = ctypes.c_ssize_t
+    return fn
 
 
 class Reader:

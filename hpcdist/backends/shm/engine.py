@@ -150,6 +150,7 @@ class ShmEngine(MPIEngine):
     def close(self) -> None:
         """Unmap the segment (local: no message, at group destruction)."""
         seg, self._seg = self._seg, False
+        self._rd = None  # its scratch buffers go with it
         if isinstance(seg, Segment):
             seg.free()
 
@@ -185,8 +186,9 @@ class ShmEngine(MPIEngine):
             return MPIEngine._all_reduce(self, buf, rop, sync)
         flat = buf.arr.reshape(-1)
         half = buf.dtype if buf.dtype in HALF_DTYPES else None
-        if self._rd is not None and half is None and rop.premul is None:
-            direct.all_reduce(seg, self._rd, flat, rop.mpi_name, rop.average)
+        rd = self._reader(rop, half)
+        if rd is not None:
+            direct.all_reduce(seg, rd, flat, rop.mpi_name, rop.average)
         else:
             alg.all_reduce(seg, flat, flat, rop.mpi_name, half, rop.premul, rop.average)
         return self._done(sync, "all_reduce", buf.obj, buf)
@@ -245,6 +247,11 @@ class ShmEngine(MPIEngine):
         )
         return self._done(sync, "reduce_scatter_tensor", out.obj, out)
 
+    def _reader(self, rop: ResolvedOp, half: str | None) -> cma.Reader | None:
+        """The direct reader for a reduction, or None: off, or items converted on the way in (half floats,
+        PREMUL_SUM), which the segment's algorithms do."""
+        return self._rd if half is None and rop.premul is None else None
+
     def _all_gather(self, seg: Segment, src: Any, outs: list[Any]) -> None:
         if self._rd is not None:
             direct.all_gather(seg, self._rd, src, outs)
@@ -252,8 +259,9 @@ class ShmEngine(MPIEngine):
             alg.all_gather(seg, src, outs)
 
     def _reduce_scatter(self, seg: Segment, srcs: list[Any], dst: Any, rop: ResolvedOp, half: str | None) -> None:
-        if self._rd is not None and half is None and rop.premul is None:
-            direct.reduce_scatter(seg, self._rd, srcs, dst, rop.mpi_name, rop.average)
+        rd = self._reader(rop, half)
+        if rd is not None:
+            direct.reduce_scatter(seg, rd, srcs, dst, rop.mpi_name, rop.average)
         else:
             alg.reduce_scatter(seg, srcs, dst, rop.mpi_name, half, rop.premul, rop.average)
 

@@ -51,6 +51,7 @@ across consecutive operations, with no extra sync.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import platform
@@ -95,8 +96,9 @@ def _nothing() -> None:
     return None
 
 
+@functools.cache
 def _pid_namespace() -> str:
-    """This process's PID namespace as a short token ("0" where /proc does not tell)."""
+    """This process's PID namespace as a short token, read once ("0" where /proc does not tell)."""
     try:
         link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
     except OSError:
