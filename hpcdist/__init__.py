@@ -9,7 +9,10 @@ arrays, over any MPI. Importing hpcdist does no MPI work: MPI starts in
 
 from __future__ import annotations
 
-from . import group  # the module is torch's ``group`` namespace: ``hpcdist.group.WORLD`` (see its __getattr__)
+from . import (
+    group,  # the module is torch's ``group`` namespace: ``hpcdist.group.WORLD`` (see its __getattr__)
+    symmetric_memory,  # hpcdist.symmetric_memory.empty: arrays collectives read where they lie
+)
 from ._init import (
     destroy_process_group,
     get_backend,
@@ -184,4 +187,5 @@ __all__ = [
     "spawn",
     "split_group",
     "supports_complex",
+    "symmetric_memory",
 ]

@@ -11,6 +11,9 @@ takes most of the noise of a shared machine out):
 * ``hpcdist``: the hpcdist call on a group with the default path selection
   (the shared-memory table, or what ``HPCDIST_SHM`` says);
 * ``shm``: the same on a group forced onto shared memory (``HPCDIST_SHM=1``);
+* ``symmetric`` (with ``--symmetric``): the hpcdist call of the first
+  group on arrays of ``hpcdist.symmetric_memory`` (all_reduce, broadcast,
+  and the inputs of all_gather_into_tensor and reduce_scatter_tensor);
 * ``raw``: the same MPI collective called directly through mpi4py;
 * ``gloo``: ``torch.distributed`` with the gloo backend (when torch is
   installed, unless ``--no-gloo``).
@@ -55,7 +58,9 @@ BUS: dict[str, Callable[[int], float]] = {
     "barrier": lambda n: 0.0,
 }
 OPS = tuple(BUS)
-VARIANTS = ("hpcdist", "shm", "raw", "gloo")
+VARIANTS = ("hpcdist", "shm", "symmetric", "raw", "gloo")
+#: the operations with a symmetric-memory variant (``--symmetric``)
+SYMMETRIC_OPS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20}
 _UNITS.update({"G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30})
 
@@ -117,8 +122,11 @@ class _Progress:
             sys.stderr.flush()
 
 
-def _calls(op: str, nbytes: int, n: int, me: int, groups: dict[str, Any], raw: Any, tg: Any) -> dict[str, Any]:
-    """The call of every available variant for ``op`` on ``nbytes`` (float32 data)."""
+def _calls(
+    op: str, nbytes: int, n: int, me: int, groups: dict[str, Any], raw: Any, tg: Any, sym: bool = False
+) -> dict[str, Any]:
+    """The call of every available variant for ``op`` on ``nbytes`` (float32 data); ``sym``: with the symmetric
+    variant (allocating its arrays: collective over the group)."""
     from mpi4py import MPI
 
     import hpcdist as dist
@@ -151,6 +159,8 @@ def _calls(op: str, nbytes: int, n: int, me: int, groups: dict[str, Any], raw: A
             out[name] = lambda g=g: dist.all_to_all_single(a2, a, group=g)
         else:
             out[name] = lambda g=g: dist.barrier(group=g)
+    if sym and op in SYMMETRIC_OPS:
+        out["symmetric"] = _symmetric_call(op, count, n, groups["hpcdist"], a, small)
     raw_calls: dict[str, Callable[[], Any]] = {
         "all_reduce": lambda: raw.Allreduce(MPI.IN_PLACE, a),
         "broadcast": lambda: raw.Bcast(a, 0),
@@ -173,6 +183,22 @@ def _calls(op: str, nbytes: int, n: int, me: int, groups: dict[str, Any], raw: A
         }
         out["gloo"] = gloo_calls[op]
     return out
+
+
+def _symmetric_call(op: str, count: int, n: int, g: Any, a: np.ndarray, small: np.ndarray) -> Callable[[], Any]:
+    """``op`` on arrays of a new symmetric allocation of ``g`` (collective); the outputs stay ordinary."""
+    import hpcdist as dist
+    from hpcdist import symmetric_memory
+
+    if op == "all_gather_into_tensor":
+        s = symmetric_memory.empty(count // n, group=g)
+        return lambda: dist.all_gather_into_tensor(a, s, group=g)
+    s = symmetric_memory.empty(count, group=g)
+    if op == "reduce_scatter_tensor":
+        return lambda: dist.reduce_scatter_tensor(small, s, group=g)
+    if op == "broadcast":
+        return lambda: dist.broadcast(s, group=g, group_src=0)
+    return lambda: dist.all_reduce(s, group=g)
 
 
 def _time(fn: Callable[[], Any], iters: int, comm: Any) -> float:
@@ -260,7 +286,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         for op in ops:
             for nbytes in sizes if op != "barrier" else sizes[:1]:
                 if me < k:
-                    calls = _calls(op, nbytes, k, me, groups, raw, tg)
+                    calls = _calls(op, nbytes, k, me, groups, raw, tg, args.symmetric)
                     iters = _iters(nbytes, args.iters)
                     best = {v: float("inf") for v in calls}
                     for _ in range(args.rounds):
@@ -312,6 +338,8 @@ def format_tables(rows: list[dict[str, Any]]) -> str:
         out.append(f"\n### {op}, {k} ranks (float32)\n")
         head = ["bytes", "path"] + [f"{v} µs" for v in variants] + [f"{v} busbw GB/s" for v in variants]
         head.append("hpcdist/raw")
+        if "symmetric" in variants:
+            head.append("symmetric/raw")
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "---|" * len(head))
         for nbytes in sorted({r["bytes"] for r in mine}):
@@ -320,6 +348,8 @@ def format_tables(rows: list[dict[str, Any]]) -> str:
             cells += [f"{by[v]['time_us']:.1f}" for v in variants]
             cells += [f"{by[v]['busbw_GBps']:.2f}" for v in variants]
             cells.append(f"{by['raw']['time_us'] / by['hpcdist']['time_us']:.2f}x")
+            if "symmetric" in variants:
+                cells.append(f"{by['raw']['time_us'] / by['symmetric']['time_us']:.2f}x" if "symmetric" in by else "")
             out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -450,6 +480,11 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--iters", type=float, default=1.0, help="scale the iterations per measurement (default 1)")
     p.add_argument("--no-gloo", action="store_true", help="skip torch.distributed gloo even when torch is installed")
+    p.add_argument(
+        "--symmetric",
+        action="store_true",
+        help=f"also time hpcdist on symmetric-memory arrays (hpcdist.symmetric_memory) for {', '.join(SYMMETRIC_OPS)}",
+    )
     p.add_argument("--csv", help="write every measurement to this CSV file")
     p.add_argument("--plot", help="write a PNG of bus bandwidth against size (needs matplotlib)")
     p.add_argument("--table", action="store_true", help="print the shared-memory selection table from the results")

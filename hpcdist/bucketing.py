@@ -67,7 +67,9 @@ def bucket_indices(nbytes: Sequence[int], keys: Sequence[Any], cap_bytes: int) -
     return sorted(out, key=lambda b: b[0])
 
 
-def bucket_views(shapes: Sequence[Any], dtype: Any = np.float32) -> tuple[np.ndarray, list[np.ndarray]]:
+def bucket_views(
+    shapes: Sequence[Any], dtype: Any = np.float32, *, symmetric: bool = False, group: Any = None
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """One flat NumPy buffer and a view of it per shape, in order: arrays that one collective on the buffer
     reduces at once, with nothing to pack or unpack (torch DDP's ``gradient_as_bucket_view``).
 
@@ -75,9 +77,16 @@ def bucket_views(shapes: Sequence[Any], dtype: Any = np.float32) -> tuple[np.nda
     and all-reduce the buffer: ``hpcdist.all_reduce(flat)`` reduces every view. Where arrays cannot live
     in one buffer, :func:`all_reduce_bucketed` packs them.
 
+    With ``symmetric=True`` the buffer is symmetric memory of ``group``
+    (:func:`hpcdist.symmetric_memory.empty`: collective, every rank of the
+    group on this node, the same shapes and dtype), which the node's
+    collectives read where it lies, without copying it through the segment.
+
     Args:
         shapes: the shape of each view (an int is a 1-D length).
         dtype: their dtype (default float32).
+        symmetric: allocate the buffer as symmetric memory of ``group`` (default False: private memory).
+        group: the process group of a symmetric buffer (default: the default group).
 
     Returns:
         ``(flat, views)``: the zero-filled C-contiguous buffer and the views, ``views[i].shape == shapes[i]``.
@@ -86,7 +95,15 @@ def bucket_views(shapes: Sequence[Any], dtype: Any = np.float32) -> tuple[np.nda
     sizes = [int(np.prod(d, dtype=np.int64)) for d in dims]
     if any(n < 0 for n in sizes):
         raise ValueError(f"shapes must have no negative dimension, got {shapes!r}")
-    flat = np.zeros(sum(sizes), dtype=dtype)
+    if symmetric:
+        from .symmetric_memory import empty
+
+        sym = empty(sum(sizes), dtype=dtype, group=group)
+        if sym is None:  # this rank is not in group
+            raise ValueError("bucket_views(symmetric=True): this rank is not a member of group")
+        flat = sym
+    else:
+        flat = np.zeros(sum(sizes), dtype=dtype)
     views, at = [], 0
     for d, n in zip(dims, sizes):
         views.append(flat[at : at + n].reshape(d))

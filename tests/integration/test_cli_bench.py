@@ -48,6 +48,22 @@ def test_bench_tables_csv_plot_and_selection(tmp_path):
     assert out_png.stat().st_size > 1000 and out_png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_symmetric_variant(tmp_path):
+    """``--symmetric`` times the four operations on symmetric memory (and no other), with its own ratio column."""
+    out_csv = tmp_path / "s.csv"
+    ops = "all_reduce,broadcast,all_gather_into_tensor,reduce_scatter_tensor,barrier"
+    cmd = [_mpiexec(), "-n", "2", sys.executable, "-m", "hpcdist", "bench", "--ops", ops, "--sizes", "4K,1M"]
+    cmd += ["--rounds", "1", "--iters", "0.02", "--no-gloo", "--symmetric", "--csv", str(out_csv)]
+    r = run_limited(cmd, env=_env(), limit=240)
+    assert not r.timed_out and r.returncode == 0, r.output
+    assert "| bytes | path | hpcdist µs | shm µs | symmetric µs | raw µs |" in r.stdout
+    assert "| hpcdist/raw | symmetric/raw |" in r.stdout
+    rows = list(csv.DictReader(out_csv.open()))
+    sym = {(row["op"], row["bytes"]) for row in rows if row["variant"] == "symmetric"}
+    assert sym == {(op, size) for op in ops.split(",")[:4] for size in ("4096", "1048576")}
+    assert all(float(row["time_us"]) > 0 for row in rows)
+
+
 def test_bench_rejects_a_bad_size():
     r = run_limited([sys.executable, "-m", "hpcdist", "bench", "--sizes", "12Q"], env=_env(), limit=60)
     assert r.returncode != 0 and "--sizes" in r.output

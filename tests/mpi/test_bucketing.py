@@ -73,11 +73,13 @@ def test_bucketed_read_only_array_is_refused_before_anything_moves(group, member
     assert np.array_equal(xs[0], np.ones(3))  # nothing was reduced
 
 
-def test_bucket_views_are_reduced_by_one_all_reduce_of_their_buffer(group, members):
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_bucket_views_are_reduced_by_one_all_reduce_of_their_buffer(group, members, symmetric):
     if not members:
         return
     shapes = [(3,), (2, 4), 5, (1, 1, 2)]
-    flat, views = dist.bucket_views(shapes, np.float64)
+    flat, views = dist.bucket_views(shapes, np.float64, symmetric=symmetric, group=group)
+    assert dist.symmetric_memory.is_symmetric(flat, group) == symmetric
     assert [v.shape for v in views] == [(3,), (2, 4), (5,), (1, 1, 2)] and flat.size == 3 + 8 + 5 + 2
     assert all(np.shares_memory(v, flat) for v in views) and not flat.any()
     rank = dist.get_rank()

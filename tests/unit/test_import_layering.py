@@ -67,8 +67,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ("hpcdist.collectives", "hpcdist.p2p", "hpcdist.objects", "hpcdist.debug"),
     ),
     (
-        "features: init, meshes, bucketing, checkpoints",
-        ("hpcdist._init", "hpcdist.mesh", "hpcdist.bucketing", "hpcdist.checkpoint"),
+        "features: init, meshes, bucketing, symmetric memory, checkpoints",
+        ("hpcdist._init", "hpcdist.mesh", "hpcdist.bucketing", "hpcdist.symmetric_memory", "hpcdist.checkpoint"),
     ),
     ("torch backend", ("hpcdist.torch",)),
     (

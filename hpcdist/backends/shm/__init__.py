@@ -6,6 +6,7 @@
   segment (building blocks for hierarchical engines too);
 * :mod:`.cma`         reading a peer's memory directly (``process_vm_readv``), probed per segment;
 * :mod:`.direct`      single-copy all_reduce / broadcast / all_gather / reduce_scatter through it;
+* :mod:`.symmetric`   symmetric memory (arrays every rank maps) and the collectives that read it in place;
 * :mod:`.table`       the measured table: which path each operation and size takes;
 * :mod:`.engine`      :class:`ShmEngine`, the host engine that puts them together.
 

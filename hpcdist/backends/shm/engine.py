@@ -7,7 +7,13 @@ shared-memory path wins for this operation, group size and array size; if
 not, the MPI engine's method runs, unchanged. Point-to-point, gather,
 scatter and the list form of all_to_all are always MPI.
 
-Two ways through shared memory: by default the data goes through the
+Arrays of a symmetric allocation of the group (:mod:`.symmetric`,
+``hpcdist.symmetric_memory.empty``) need no copy through the segment at all:
+all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor on
+them read the peers' parts where they lie, wherever the table picks shared
+memory (half floats and PREMUL_SUM excepted).
+
+Two ways through shared memory for other arrays: by default the data goes through the
 segment, a copy in and a copy out (:mod:`.algorithms`). With
 ``HPCDIST_SHM_DIRECT=1``, where the OS lets the ranks read each other's
 memory (:mod:`.cma`, probed together when the segment is set up),
@@ -40,7 +46,7 @@ from ...ops import ResolvedOp
 from ...work import Work, completed_work
 from ..mpi import MPIEngine
 from . import algorithms as alg
-from . import cma, direct, table
+from . import cma, direct, symmetric, table
 from .node import one_node
 from .segment import Segment
 
@@ -48,6 +54,10 @@ __all__ = ["ShmEngine", "host_engine", "oversubscribed_node", "shm_eligible", "s
 
 #: an operation's code in the segment's tags (Segment.begin): its place in the table's list, from 1
 _OP_CODE = {op: i + 1 for i, op in enumerate(table.OPS)}
+#: the codes of the operations on symmetric memory (:mod:`.symmetric`), after those
+_SYM_CODE = {op: len(table.OPS) + i + 1 for i, op in enumerate(symmetric.OPS)}
+#: every code's name, for the segment's mismatch errors
+_OP_NAMES = table.OPS + tuple(f"{op} on symmetric memory" for op in symmetric.OPS)
 
 
 def host_engine(pg: Any, device_type: str = "cpu") -> MPIEngine:
@@ -121,11 +131,23 @@ class ShmEngine(MPIEngine):
             return None  # operation begun on the segment must sync (Segment.begin): MPI's zero-count call
         return self._segment(op, nbytes)
 
-    def _segment(self, op: str, nbytes: int) -> Segment | None:
+    def _symmetric(self, op: str, arr: Any, nbytes: int) -> tuple[Segment, symmetric.Allocation, int] | None:
+        """Where ``arr`` lies, when it is symmetric memory of this group and ``op`` on ``nbytes`` takes shared
+        memory: the segment (``op`` on symmetric memory begun on it), the allocation and the byte offset."""
+        if not symmetric.LIVE:
+            return None
+        lo, hi = self.windows[op]
+        found = symmetric.find(arr) if lo <= nbytes < hi and nbytes else None
+        if found is None or found[0].group() is not self.pg:
+            return None
+        seg = self._segment(op, nbytes, _SYM_CODE[op])
+        return None if seg is None else (seg, found[0], found[1])
+
+    def _segment(self, op: str, nbytes: int, code: int = 0) -> Segment | None:
         """The group's segment (set up by the first call: collective), or None when the group spans nodes.
 
-        The operation ``op`` of ``nbytes`` (0: sizes may differ by rank) is begun on it: its first sync
-        checks that every rank called the same (:meth:`Segment.begin`).
+        The operation ``op`` of ``nbytes`` (0: sizes may differ by rank) is begun on it, as ``code`` (default:
+        ``op``'s): its first sync checks that every rank called the same (:meth:`Segment.begin`).
         """
         seg = self._seg
         if seg is None:
@@ -135,7 +157,7 @@ class ShmEngine(MPIEngine):
         assert isinstance(seg, Segment)
         seg.what = (op, self.pg)
         seg.timeout_s = self.pg._timeout_s
-        seg.begin(_OP_CODE[op], nbytes)
+        seg.begin(code or _OP_CODE[op], nbytes)
         return seg
 
     def _setup(self, op: str) -> Segment | bool:
@@ -143,7 +165,7 @@ class ShmEngine(MPIEngine):
         pg = self.pg
         if not one_node(pg):
             return False
-        seg = Segment(pg._comm, self.slot_bytes, pg._timeout_s, (op, pg), table.OPS)
+        seg = Segment(pg._comm, self.slot_bytes, pg._timeout_s, (op, pg), _OP_NAMES)
         self._rd = cma.probe(seg, self.direct_allowed)
         return seg
 
@@ -170,6 +192,10 @@ class ShmEngine(MPIEngine):
         return self._done(sync, "barrier", None)
 
     def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work | None:
+        sym = self._symmetric("broadcast", buf.arr, buf.arr.nbytes)
+        if sym is not None:
+            symmetric.broadcast(sym[0], sym[1], buf.arr.reshape(-1), sym[2], root)
+            return self._done(sync, "broadcast", buf.obj)
         seg = self._use("broadcast", buf.arr.nbytes)
         if seg is None:
             return super().broadcast(buf, root, sync)
@@ -181,11 +207,17 @@ class ShmEngine(MPIEngine):
 
     def _all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool) -> Work | None:
         nbytes = buf.arr.nbytes
-        seg = self._use("all_reduce", nbytes) if self._ar_lo <= nbytes < self._ar_hi else None
-        if seg is None:
+        if not self._ar_lo <= nbytes < self._ar_hi:
             return MPIEngine._all_reduce(self, buf, rop, sync)
         flat = buf.arr.reshape(-1)
         half = buf.dtype if buf.dtype in HALF_DTYPES else None
+        sym = self._symmetric("all_reduce", flat, nbytes) if half is None and rop.premul is None else None
+        if sym is not None:
+            symmetric.all_reduce(sym[0], sym[1], flat, sym[2], rop.mpi_name, rop.average)
+            return self._done(sync, "all_reduce", buf.obj)
+        seg = self._use("all_reduce", nbytes)
+        if seg is None:
+            return MPIEngine._all_reduce(self, buf, rop, sync)
         rd = self._reader(rop, half)
         if rd is not None:
             direct.all_reduce(seg, rd, flat, rop.mpi_name, rop.average)
@@ -220,6 +252,11 @@ class ShmEngine(MPIEngine):
         return self._done(sync, "all_gather", [o.obj for o in outs], *outs)
 
     def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work | None:
+        sym = self._symmetric("all_gather_into_tensor", inp.arr, out.arr.nbytes)
+        if sym is not None:
+            rows = out.arr.reshape(sym[0].size, out.arr.size // sym[0].size)
+            symmetric.all_gather(sym[0], sym[1], inp.arr.reshape(-1), sym[2], list(rows))
+            return self._done(sync, "all_gather_into_tensor", out.obj, out)
         seg = self._use("all_gather_into_tensor", out.arr.nbytes)
         if seg is None:
             return super().all_gather_into(out, inp, sync)
@@ -238,10 +275,16 @@ class ShmEngine(MPIEngine):
         return self._done(sync, "reduce_scatter", out.obj, out)
 
     def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
-        seg = self._use("reduce_scatter_tensor", inp.arr.nbytes)
+        half = out.dtype if out.dtype in HALF_DTYPES else None
+        nbytes = inp.arr.nbytes
+        sym = self._symmetric("reduce_scatter_tensor", inp.arr, nbytes) if half is None and rop.premul is None else None
+        if sym is not None:
+            flat = inp.arr.reshape(-1)
+            symmetric.reduce_scatter(sym[0], sym[1], flat, sym[2], out.arr.reshape(-1), rop.mpi_name, rop.average)
+            return self._done(sync, "reduce_scatter_tensor", out.obj, out)
+        seg = self._use("reduce_scatter_tensor", nbytes)
         if seg is None:
             return super().reduce_scatter_tensor(out, inp, rop, sync)
-        half = out.dtype if out.dtype in HALF_DTYPES else None
         self._reduce_scatter(
             seg, list(inp.arr.reshape(seg.size, inp.arr.size // seg.size)), out.arr.reshape(-1), rop, half
         )

@@ -180,7 +180,7 @@ class Segment:
         ctrl = -(-_LINE * n // 4096) * 4096  # the data starts page-aligned
         self.set_bytes = n * self.slot_bytes
         total = ctrl + NSETS * self.set_bytes
-        self._map: mmap.mmap | None = _map_shared(comm, total, timeout_s, describe_op(what))
+        self._map: mmap.mmap | None = _map_shared(comm, total, timeout_s, describe_op(what))[0]
         self.mem = np.frombuffer(self._map, dtype=np.uint8, count=total)
         self._ctrl = memoryview(self._map)[:ctrl].cast("q")
         self.data = self.mem[ctrl:]
@@ -322,8 +322,11 @@ class Segment:
             pass
 
 
-def _map_shared(comm: Any, total: int, timeout_s: float, what: str) -> mmap.mmap:
-    """Collective over ``comm``: one ``total``-byte shared file mapped by every rank, unlinked once all have it."""
+def _map_shared(comm: Any, total: int, timeout_s: float, what: str) -> tuple[mmap.mmap, str]:
+    """Collective over ``comm``: one ``total``-byte shared file mapped by every rank, unlinked once all have it.
+
+    Returns the mapping and the file's former path (the same on every rank: a name for the mapping).
+    """
     me = comm.Get_rank()
     path, fd, err = "", -1, ""
     if me == 0:
@@ -348,7 +351,7 @@ def _map_shared(comm: Any, total: int, timeout_s: float, what: str) -> mmap.mmap
                 m.close()
             raise DistError(f"{what}: {bad[0]}; set HPCDIST_SHM=0 to use MPI instead, or make room in {_SHM_DIR}")
         assert m is not None
-        return m
+        return m, path
     finally:
         if fd >= 0:
             os.close(fd)
