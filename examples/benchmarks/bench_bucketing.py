@@ -11,6 +11,8 @@ Times, on the same float32 arrays (SUM, in place), interleaved in rounds
 * ``views``: the same arrays made as views of one buffer (``hpcdist.bucket_views``, torch DDP's
   ``gradient_as_bucket_view``), all-reduced with one ``hpcdist.all_reduce`` of the buffer: nothing
   to pack, the bound that packing approaches;
+* ``symmetric views``: the same with the buffer in symmetric memory
+  (``bucket_views(..., symmetric=True)``): the node's ranks read it where it lies;
 * ``raw loop``: one mpi4py ``Allreduce`` per array, for scale.
 
 Rank 0 prints a Markdown table with the speed-up over the loop.
@@ -44,6 +46,7 @@ def main() -> None:
             dist.all_reduce(x)
 
     flat, _ = dist.bucket_views([x.shape for x in xs])
+    sym, _ = dist.bucket_views([x.shape for x in xs], symmetric=True)
 
     def raw_loop() -> None:
         for x in xs:
@@ -54,6 +57,7 @@ def main() -> None:
         "bucketed": lambda: dist.all_reduce_bucketed(xs),
         "coalesced": lambda: dist.all_reduce_coalesced(xs),
         "views": lambda: dist.all_reduce(flat),
+        "symmetric views": lambda: dist.all_reduce(sym),
         "raw loop": raw_loop,
     }
     best = dict.fromkeys(variants, float("inf"))

@@ -270,6 +270,19 @@ def test_allocation_arguments_checked_before_any_message():
         symmetric_memory.empty(4, dtype=object)
 
 
+def test_more_than_dev_shm_holds_is_an_error_on_every_rank_not_a_crash():
+    """The pages are reserved at allocation: too large is a DistError naming the cause (not SIGBUS later)."""
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(dist.DistError, match="No space left on device"):
+        symmetric_memory.empty(1 << 50, dtype=np.uint8)
+    dist.barrier()
+    assert set(os.listdir("/dev/shm")) <= before
+    x = symmetric_memory.empty(8)  # the group goes on
+    x[:] = 1
+    dist.all_reduce(x)
+    assert (x == dist.get_world_size()).all()
+
+
 def test_shapes_must_agree():
     shape = (4, 2 + (me() == dist.get_world_size() - 1))
     if dist.get_world_size() == 1:
@@ -283,6 +296,7 @@ def test_memory_lives_with_its_views_and_leaves_nothing_in_dev_shm():
     before = set(os.listdir("/dev/shm"))
     x = symmetric_memory.empty((8, 4), dtype=np.int64)
     assert x.shape == (8, 4) and x.flags.c_contiguous and not x.any()
+    dist.barrier()  # rank 0 unlinks the file before it returns
     assert set(os.listdir("/dev/shm")) <= before  # unlinked once every rank mapped it
     x[:] = me()
     v = x[2:5]

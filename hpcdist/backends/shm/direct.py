@@ -40,11 +40,7 @@ CHUNK_BYTES = 256 << 10
 
 def _post(seg: Segment, addrs: list[int]) -> list[list[int]]:
     """Post this rank's ``addrs`` (one sync; it checks the operation's tags); every rank's, by rank."""
-    set_ = seg.set_of(seg.step)
-    k = len(addrs)
-    seg.slot(set_, seg.rank, np.int64, k)[:] = addrs
-    seg.sync()
-    return [seg.slot(set_, r, np.int64, k).tolist() for r in range(seg.size)]
+    return seg.exchange(addrs)
 
 
 def _read(seg: Segment, rd: Reader, rank: int, remote: int, local: int, nbytes: int) -> None:

@@ -144,7 +144,11 @@ def sweep(directory: str = _SHM_DIR) -> list[str]:
 
 
 def _create(total: int) -> tuple[str, int]:
-    """Rank 0: a new shared-memory file of ``total`` bytes (zeroed); its path and descriptor."""
+    """Rank 0: a new shared-memory file of ``total`` bytes (zeroed); its path and descriptor.
+
+    The pages are reserved now (``posix_fallocate``): a ``/dev/shm`` too small for them (a container's
+    64 MiB default) is ENOSPC here, not a SIGBUS at the first write into the mapping.
+    """
     sweep()
     for _ in range(8):
         path = f"{_SHM_DIR}/hpcdist-{_pid_namespace()}-{os.getpid()}-{secrets.token_hex(6)}"
@@ -154,6 +158,8 @@ def _create(total: int) -> tuple[str, int]:
             continue
         try:
             os.ftruncate(fd, total)
+            if total and hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, total)
         except OSError:
             os.close(fd)
             os.unlink(path)
@@ -183,6 +189,7 @@ class Segment:
         self._map: mmap.mmap | None = _map_shared(comm, total, timeout_s, describe_op(what))[0]
         self.mem = np.frombuffer(self._map, dtype=np.uint8, count=total)
         self._ctrl = memoryview(self._map)[:ctrl].cast("q")
+        self._words = memoryview(self._map)[ctrl:].cast("q")  # the data area as int64 words (exchange)
         self.data = self.mem[ctrl:]
         self._typed: dict[np.dtype, np.ndarray] = {}  # dtype -> the data area viewed as it (items())
         self._mine = self.rank * (_LINE // 8)
@@ -221,6 +228,19 @@ class Segment:
         off = set_ * self.set_bytes
         dt = np.dtype(dtype)
         return self.data[off : off + count * dt.itemsize].view(dt)
+
+    def exchange(self, words: list[int]) -> list[list[int]]:
+        """Post ``words`` (int64) in this rank's slot of the current set, sync, and return every rank's
+        words, by rank. One sync (which checks the begun operation's tags); at most a slot's worth."""
+        k = len(words)
+        stride = self.slot_bytes // 8
+        base = self.set_of(self.step) * (self.set_bytes // 8)
+        w = self._words
+        at = base + self.rank * stride
+        for i, v in enumerate(words):
+            w[at + i] = v
+        self.sync()
+        return [w[base + r * stride : base + r * stride + k].tolist() for r in range(self.size)]
 
     # -- synchronization ------------------------------------------------------
 
@@ -310,6 +330,7 @@ class Segment:
         if m is None:
             return
         self._ctrl.release()
+        self._words.release()
         self.mem = self.data = np.empty(0, np.uint8)
         self._typed.clear()
         win, self._fence_win = self._fence_win, None
@@ -322,7 +343,9 @@ class Segment:
             pass
 
 
-def _map_shared(comm: Any, total: int, timeout_s: float, what: str) -> tuple[mmap.mmap, str]:
+def _map_shared(
+    comm: Any, total: int, timeout_s: float, what: str, hint: str = "set HPCDIST_SHM=0 to use MPI instead, or "
+) -> tuple[mmap.mmap, str]:
     """Collective over ``comm``: one ``total``-byte shared file mapped by every rank, unlinked once all have it.
 
     Returns the mapping and the file's former path (the same on every rank: a name for the mapping).
@@ -349,7 +372,7 @@ def _map_shared(comm: Any, total: int, timeout_s: float, what: str) -> tuple[mma
         if bad:
             if m is not None:
                 m.close()
-            raise DistError(f"{what}: {bad[0]}; set HPCDIST_SHM=0 to use MPI instead, or make room in {_SHM_DIR}")
+            raise DistError(f"{what}: {bad[0]}; {hint}make room in {_SHM_DIR}")
         assert m is not None
         return m, path
     finally:
