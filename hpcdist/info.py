@@ -231,6 +231,12 @@ def _shared_memory() -> dict[str, Any]:
         )
     except ValueError as exc:
         out["direct_reads"] = str(exc)
+    out["symmetric_memory"] = (
+        "arrays of hpcdist.symmetric_memory.empty are read where they lie by all_reduce, broadcast, "
+        "all_gather_into_tensor (input), reduce_scatter_tensor (input) where the path is shm"
+        if mode != "off"
+        else "allocations work; every collective takes MPI (HPCDIST_SHM=0)"
+    )
     out["table"] = f"{table.MACHINE}; {table.DATE}"
     out["paths"] = {op: "; ".join(f"{k} ranks: {table.describe(op, k, mode)}" for k in (2, 4)) for op in table.OPS}
     if mode == "auto":

@@ -119,6 +119,17 @@ def test_info_reports_direct_reads(monkeypatch, raw, want):
     assert collect()["shared_memory"]["direct_reads"].startswith(want)
 
 
+@pytest.mark.parametrize(("raw", "want"), [(None, "arrays of hpcdist.symmetric_memory"), ("0", "allocations work")])
+def test_info_reports_symmetric_memory(monkeypatch, raw, want):
+    from hpcdist.info import collect
+
+    if raw is None:
+        monkeypatch.delenv("HPCDIST_SHM", raising=False)
+    else:
+        monkeypatch.setenv("HPCDIST_SHM", raw)
+    assert collect()["shared_memory"]["symmetric_memory"].startswith(want)
+
+
 def test_describe_a_window(monkeypatch):
     monkeypatch.setitem(table.TABLE, "broadcast", {2: (1 << 20, 64 << 20)})
     assert table.describe("broadcast", 2) == "mpi below 1 MiB, shm 1 MiB-64 MiB, mpi from 64 MiB"

@@ -124,11 +124,12 @@ def find(arr: np.ndarray) -> tuple[Allocation, int] | None:
     there; None when ``arr`` lies elsewhere."""
     if not LIVE:
         return None
+    live = LIVE[:]  # a garbage collection in another thread may drop an entry meanwhile
     addr = address(arr)
-    i = bisect.bisect_right(LIVE, addr, key=lambda e: e[0]) - 1
+    i = bisect.bisect_right(live, addr, key=lambda e: e[0]) - 1
     if i < 0:
         return None
-    start, alloc = LIVE[i]
+    start, alloc = live[i]
     off = addr - start
     return (alloc, off) if off + arr.nbytes <= alloc.nbytes else None
 
