@@ -107,27 +107,23 @@ def test_info_reports_the_path_per_op(monkeypatch, raw, want):
 
 
 @pytest.mark.parametrize(
-    ("raw", "want"), [(None, "off"), ("1", "on where"), ("x", "environment variable HPCDIST_SHM_DIRECT must be")]
+    ("knob", "raw", "key", "want"),
+    [
+        ("HPCDIST_SHM_DIRECT", None, "direct_reads", "off"),
+        ("HPCDIST_SHM_DIRECT", "1", "direct_reads", "on where"),
+        ("HPCDIST_SHM_DIRECT", "x", "direct_reads", "environment variable HPCDIST_SHM_DIRECT must be"),
+        ("HPCDIST_SHM", None, "symmetric_memory", "arrays of hpcdist.symmetric_memory"),
+        ("HPCDIST_SHM", "0", "symmetric_memory", "allocations work"),
+    ],
 )
-def test_info_reports_direct_reads(monkeypatch, raw, want):
+def test_info_reports_direct_reads_and_symmetric_memory(monkeypatch, knob, raw, key, want):
     from hpcdist.info import collect
 
     if raw is None:
-        monkeypatch.delenv("HPCDIST_SHM_DIRECT", raising=False)
+        monkeypatch.delenv(knob, raising=False)
     else:
-        monkeypatch.setenv("HPCDIST_SHM_DIRECT", raw)
-    assert collect()["shared_memory"]["direct_reads"].startswith(want)
-
-
-@pytest.mark.parametrize(("raw", "want"), [(None, "arrays of hpcdist.symmetric_memory"), ("0", "allocations work")])
-def test_info_reports_symmetric_memory(monkeypatch, raw, want):
-    from hpcdist.info import collect
-
-    if raw is None:
-        monkeypatch.delenv("HPCDIST_SHM", raising=False)
-    else:
-        monkeypatch.setenv("HPCDIST_SHM", raw)
-    assert collect()["shared_memory"]["symmetric_memory"].startswith(want)
+        monkeypatch.setenv(knob, raw)
+    assert collect()["shared_memory"][key].startswith(want)
 
 
 def test_describe_a_window(monkeypatch):
