@@ -163,3 +163,14 @@ def test_sgd_distributed(tmp_path):
     assert "parameters identical on all 2 ranks: yes" in out
     m = re.search(r"accuracy on the whole data set: (\d\.\d+)", out)
     assert m and float(m.group(1)) > 0.85, out
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("n", [2, 3])
+def test_symmetric_buckets(tmp_path, n):
+    """The example asserts the parameters agree across ranks and runs and that the loss fell; here: it said so."""
+    out = run_example("symmetric_buckets.py", "--steps", "30", "--features", "256", cwd=tmp_path, n=n).stdout
+    assert "every rank holds the same parameters; both runs agree" in out, out
+    start, end = map(float, re.search(r"loss (\S+) -> (\S+)$", out, re.MULTILINE).groups())
+    assert end < start / 2, out
+    assert "symmetric bucket:" in out and f"{n} ranks, 30 steps" in out, out
