@@ -121,6 +121,40 @@ say("NOT REACHED")
     assert r.returncode != 0 and "NOT REACHED" not in r.stdout
 
 
+def test_symmetric_memory_stuck_peer_is_a_timeout_and_unhandled_ends_the_job(tmp_path):
+    """A peer that stops coming after a symmetric all_reduce: the next one times out with DistTimeoutError on the
+    others (their arrays stay readable: the mapping is theirs too); unhandled, the next call ends the job."""
+    script = (
+        PRELUDE
+        + """
+from hpcdist import symmetric_memory
+dist.init_process_group("mpi", timeout=timedelta(seconds=2))
+x = symmetric_memory.empty(1 << 18)
+x[:] = 1
+dist.all_reduce(x)                     # in step, on symmetric memory
+say(f"RANK {dist.get_rank()} FIRST {x[0]}")
+if dist.get_rank() == 2:
+    time.sleep(30)                     # stuck: never calls again
+    os._exit(0)
+t0 = time.monotonic()
+try:
+    dist.all_reduce(x)
+except dist.DistTimeoutError as e:
+    say(f"RANK {dist.get_rank()} TIMEOUT after {time.monotonic() - t0:.1f}s: {e}")
+say(f"RANK {dist.get_rank()} STILL READS {float(x.sum()) > 0}")
+dist.all_reduce(x)                     # unhandled now: the abort hook ends the job
+say("NOT REACHED")
+"""
+    )
+    r = run_mpi(3, script, tmp_path, env={"HPCDIST_SHM": "1"}, limit=90)
+    assert not r.timed_out, "the job hung on a dead peer: " + r.output
+    assert r.stdout.count("FIRST 3.0") == 3, r.output
+    for rank in (0, 1):
+        assert f"RANK {rank} TIMEOUT after" in r.stdout and f"RANK {rank} STILL READS True" in r.stdout, r.output
+    assert "all_reduce" in r.stdout and "within 2s" in r.stdout, r.output
+    assert r.returncode != 0 and "NOT REACHED" not in r.stdout, r.output
+
+
 @pytest.mark.parametrize(("mode", "direct"), [("block", "1"), ("poll", "1"), ("block", "0")])
 def test_ranks_calling_different_collectives_get_an_error_at_once_not_wrong_data(tmp_path, mode, direct):
     """Rank 1 broadcasts where the others all-reduce: the segment's counters alone would let them pass each
