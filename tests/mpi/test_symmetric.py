@@ -283,6 +283,16 @@ def test_more_than_dev_shm_holds_is_an_error_on_every_rank_not_a_crash():
     assert (x == dist.get_world_size()).all()
 
 
+def test_empty_and_scalar_shapes():
+    empty, scalar, flat = symmetric_memory.empty(3, 0), symmetric_memory.empty(()), symmetric_memory.empty([5])
+    assert (empty.shape, scalar.shape, flat.shape) == ((3, 0), (), (5,))
+    assert symmetric_memory.is_symmetric(scalar) and symmetric_memory.is_symmetric(flat)
+    scalar[...] = me() + 1
+    dist.all_reduce(scalar)
+    dist.all_reduce(empty)
+    assert scalar == sum(range(1, dist.get_world_size() + 1))
+
+
 def test_shapes_must_agree():
     shape = (4, 2 + (me() == dist.get_world_size() - 1))
     if dist.get_world_size() == 1:
