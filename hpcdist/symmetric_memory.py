@@ -6,8 +6,9 @@ one array per rank in a shared mapping every rank of the group can see. The
 shared-memory engine recognises such arrays (and views of them) and runs
 ``all_reduce``, ``broadcast``, ``all_gather_into_tensor`` (input) and
 ``reduce_scatter_tensor`` (input) on them without copying through its
-segment: about half the memory traffic; all_reduce ran at 2-4x raw MPI
-from 1 MiB at 2 ranks on the development VM (docs/benchmarks/symmetric.md).
+segment: about half the memory traffic; at 2 ranks on the development VM
+all_reduce ran at about 2x raw MPI at 1 MiB and 2.3-4.3x from 4 MiB
+(docs/benchmarks/symmetric.md).
 Everything else about the arrays is ordinary NumPy::
 
     import numpy as np
