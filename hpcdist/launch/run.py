@@ -38,6 +38,15 @@ __all__ = ["RunOptions", "UsageError", "build_command", "main", "parse_args"]
 
 # after a rank reported a failure, how long the launcher may take to end the job by itself
 _FAILURE_GRACE_S = 3.0
+_OMP_NOTE = (
+    "OMP_NUM_THREADS=1 in every rank (it was unset), as torchrun sets it: ranks that each start a thread per "
+    "CPU overload the node; set OMP_NUM_THREADS to give each rank more threads"
+)
+
+
+def _one_omp_thread(opts: RunOptions, env: Mapping[str, str]) -> bool:
+    """Whether the ranks get ``OMP_NUM_THREADS=1``: several ranks and the variable unset (torchrun's rule)."""
+    return opts.nprocs > 1 and "OMP_NUM_THREADS" not in env
 
 
 class UsageError(ValueError):
@@ -215,7 +224,8 @@ def build_command(
         program=[*boot, "--", *opts.program],
         hosts=opts.hosts,
         hostfile=opts.hostfile,
-        export=["MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED", "PYTHONPATH"],
+        export=["MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED", "PYTHONPATH"]
+        + (["OMP_NUM_THREADS"] if _one_omp_thread(opts, env) or "OMP_NUM_THREADS" in env else []),
         extra=opts.launcher_args,
         srun_mpi=opts.srun_mpi,
     )
@@ -223,6 +233,8 @@ def build_command(
     child_env = dict(env)
     child_env["MASTER_ADDR"], child_env["MASTER_PORT"] = _master(opts, launcher.name, env)
     child_env.setdefault("PYTHONUNBUFFERED", "1")  # see output as it happens, not at exit
+    if _one_omp_thread(opts, env):
+        child_env["OMP_NUM_THREADS"] = "1"
     # the ranks import hpcdist from where this one lives, also from a source tree not installed
     pkg_root = Path(__file__).resolve().parents[2]
     if pkg_root.name not in ("site-packages", "dist-packages"):
@@ -289,6 +301,8 @@ def execute(opts: RunOptions, env: Mapping[str, str] | None = None) -> int:
             proc = subprocess.Popen(cmd, env=child_env)
         except OSError as exc:
             raise LaunchError(f"cannot start launcher {cmd[0]!r}: {exc.strerror or exc}") from None
+        if _one_omp_thread(opts, env):
+            print(f"hpcdist run: {_OMP_NOTE}", file=sys.stderr)
         got: list[int] = []
 
         def forward(signum: int, _frame: object) -> None:  # as torchrun: end the job, report the signal

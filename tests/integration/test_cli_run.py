@@ -16,7 +16,9 @@ LIMIT = 90  # seconds for one launched job
 
 
 def hpcdist(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = LIMIT):
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    """``python -m hpcdist ARGS``; ``env`` adds variables to this process's (a value None removes one)."""
+    merged = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    full_env = {k: v for k, v in merged.items() if v is not None}
     full_env.pop("SLURM_JOB_ID", None)  # these tests use mpiexec even inside an allocation
     return subprocess.run(
         [sys.executable, "-m", "hpcdist", *args],
@@ -41,17 +43,22 @@ def test_run_sets_torchrun_variables_and_passes_args(tmp_path):
         "env.py",
         """
         import os, sys
-        keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
         line = " ".join(["ENV", *(os.environ[k] for k in keys), *sys.argv[1:]]) + chr(10)
         os.write(1, line.encode())  # one write: the two ranks' lines cannot interleave
         """,
     )
-    proc = hpcdist("run", "-n", "2", script, "-n", "7", "--x")
+    proc = hpcdist("run", "-n", "2", script, "-n", "7", "--x", env={"OMP_NUM_THREADS": None})
     assert proc.returncode == 0, proc.stderr
     lines = sorted(line.split() for line in proc.stdout.splitlines() if line.startswith("ENV"))
     assert [ln[1:5] for ln in lines] == [["0", "2", "0", "2"], ["1", "2", "1", "2"]]
     assert lines[0][5] == "127.0.0.1" and lines[0][6] == lines[1][6]
-    assert all(ln[7:] == ["-n", "7", "--x"] for ln in lines)
+    assert all(ln[7] == "1" for ln in lines)  # OMP_NUM_THREADS, as torchrun sets it when unset
+    assert all(ln[8:] == ["-n", "7", "--x"] for ln in lines)
+    assert proc.stderr.count("OMP_NUM_THREADS=1 in every rank (it was unset)") == 1, proc.stderr
+    kept = hpcdist("run", "-n", "2", script, env={"OMP_NUM_THREADS": "3"})
+    assert kept.returncode == 0 and "OMP_NUM_THREADS" not in kept.stderr, kept.stderr
+    assert [ln.split()[7] for ln in kept.stdout.splitlines() if ln.startswith("ENV")] == ["3", "3"]
 
 
 @pytest.mark.timeout(120)
@@ -138,7 +145,7 @@ def test_failing_launcher_one_line(tmp_path):
     fake.write_text("#!/bin/sh\nexit 3\n")
     fake.chmod(0o755)
     script = write(tmp_path, "ok.py", "print('never')\n")
-    proc = hpcdist("run", "-n", "2", "--mpiexec", str(fake), script, timeout=30)
+    proc = hpcdist("run", "-n", "2", "--mpiexec", str(fake), script, env={"OMP_NUM_THREADS": "1"}, timeout=30)
     assert proc.returncode == 3
     assert proc.stderr == "hpcdist run: mpiexec exited with status 3\n"
 

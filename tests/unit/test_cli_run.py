@@ -173,6 +173,14 @@ def test_user_master_vars_are_kept(script):
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "1234")
 
 
+@pytest.mark.parametrize(("n", "env", "want"), [(2, {}, "1"), (2, {"OMP_NUM_THREADS": "4"}, "4"), (1, {}, None)])
+def test_one_omp_thread_per_rank_unless_set_as_torchrun(script, n, env, want):
+    opts = parse_args(["-n", str(n), script])
+    cmd, child = build_command(opts, env, None, python=PY, which=which_all, flavour=lambda e: "openmpi")
+    assert child.get("OMP_NUM_THREADS") == want
+    assert ("OMP_NUM_THREADS" in cmd) == (want is not None)  # exported (-x) where the launcher needs it
+
+
 def test_local_run_picks_a_free_port(script):
     opts = parse_args(["-n", "2", script])
     _, env = build_command(opts, {}, None, python=PY, which=which_all, flavour=lambda e: "hydra")
