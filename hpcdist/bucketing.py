@@ -95,15 +95,11 @@ def bucket_views(
     sizes = [int(np.prod(d, dtype=np.int64)) for d in dims]
     if any(n < 0 for n in sizes):
         raise ValueError(f"shapes must have no negative dimension, got {shapes!r}")
-    if symmetric:
-        from .symmetric_memory import empty
+    from .symmetric_memory import empty
 
-        sym = empty(sum(sizes), dtype=dtype, group=group)
-        if sym is None:  # this rank is not in group
-            raise ValueError("bucket_views(symmetric=True): this rank is not a member of group")
-        flat = sym
-    else:
-        flat = np.zeros(sum(sizes), dtype=dtype)
+    flat = empty(sum(sizes), dtype=dtype, group=group) if symmetric else np.zeros(sum(sizes), dtype=dtype)
+    if flat is None:  # symmetric, and this rank is not in group
+        raise ValueError("bucket_views(symmetric=True): this rank is not a member of group")
     views, at = [], 0
     for d, n in zip(dims, sizes):
         views.append(flat[at : at + n].reshape(d))

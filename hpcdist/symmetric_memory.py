@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .buffers.adapters import adapt
 from .buffers.dtypes import supported
 from .group import resolve_group
 
@@ -92,15 +93,15 @@ def empty(*size: Any, dtype: Any = np.float32, group: Any = None) -> np.ndarray 
 
 
 def is_symmetric(arr: Any, group: Any = None) -> bool:
-    """Whether ``arr`` (a NumPy array or CPU tensor) lies wholly in this rank's part of a symmetric allocation
-    of ``group`` (default: the default group). Local: no message."""
+    """Whether ``arr`` (any array hpcdist takes) lies wholly in this rank's part of a symmetric allocation of
+    ``group`` (default: the default group), so the collectives read it where it lies. Local: no message."""
     pg = resolve_group(group, "symmetric_memory.is_symmetric")
     if pg is None:
         return False
-    a = arr.numpy() if hasattr(arr, "numpy") and not isinstance(arr, np.ndarray) else np.asarray(arr)
-    if not a.flags.c_contiguous:
+    buf = adapt(arr, "arr", False)  # the array as the engines see it (a copy, for one that must be staged)
+    if buf.device != "cpu":
         return False
     from .backends.shm import symmetric
 
-    found = symmetric.find(a)
+    found = symmetric.find(buf.arr)
     return found is not None and found[0].group() is pg

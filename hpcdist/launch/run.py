@@ -225,7 +225,7 @@ def build_command(
         hosts=opts.hosts,
         hostfile=opts.hostfile,
         export=["MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED", "PYTHONPATH"]
-        + (["OMP_NUM_THREADS"] if _one_omp_thread(opts, env) or "OMP_NUM_THREADS" in env else []),
+        + (["OMP_NUM_THREADS"] if opts.nprocs > 1 or "OMP_NUM_THREADS" in env else []),  # set below, or the user's
         extra=opts.launcher_args,
         srun_mpi=opts.srun_mpi,
     )

@@ -46,6 +46,17 @@ def knobs_set(knobs: dict[str, str]):
                 os.environ[k] = v
 
 
+def groups_with(knobs: dict[str, str]) -> dict:
+    """The matrix's groups plus a new ``world`` group (collective), their host engines built with ``knobs`` set."""
+    with knobs_set(knobs):
+        groups = make_groups()
+        groups["world"] = dist.new_group()
+        for g in groups.values():
+            if members_of(g):
+                g.engine("cpu")  # built now, while the knobs are set
+    return groups
+
+
 @pytest.fixture(scope="module", params=["direct", "segment"])
 def shm_groups(request):
     """Groups whose engines read peers' arrays directly (``direct``, chunks of 64 bytes) or go through the
@@ -55,12 +66,7 @@ def shm_groups(request):
         "HPCDIST_SHM_SLOT": str(SLOT),
         "HPCDIST_SHM_DIRECT": str(int(request.param == "direct")),
     }
-    with knobs_set(knobs):
-        groups = make_groups()
-        groups["world"] = dist.new_group()
-        for g in groups.values():
-            if members_of(g):
-                g.engine("cpu")  # built now, while the knobs above are set
+    groups = groups_with(knobs)
     chunk, direct.CHUNK_BYTES = direct.CHUNK_BYTES, SLOT  # the direct reductions cross many chunks too
     yield request.param, groups
     direct.CHUNK_BYTES = chunk

@@ -14,10 +14,10 @@ import os
 
 import numpy as np
 import pytest
-from matrix import GROUP_KINDS, make_groups, members_of
+from matrix import GROUP_KINDS, members_of
 from mpi_arrays import cast, need, to_np, torch, values
 from test_collectives import OPS, _applies, _ref
-from test_shm import knobs_set, same_bytes_everywhere
+from test_shm import groups_with, knobs_set, same_bytes_everywhere
 
 import hpcdist as dist
 from hpcdist import ReduceOp, symmetric_memory
@@ -33,12 +33,7 @@ def me() -> int:
 
 @pytest.fixture(scope="module")
 def sym_groups():
-    with knobs_set({"HPCDIST_SHM": "1", "HPCDIST_SHM_DIRECT": "0"}):
-        groups = make_groups()
-        groups["world"] = dist.new_group()
-        for g in groups.values():
-            if members_of(g):
-                g.engine("cpu")
+    groups = groups_with({"HPCDIST_SHM": "1", "HPCDIST_SHM_DIRECT": "0"})
     chunk, symmetric.CHUNK_BYTES = symmetric.CHUNK_BYTES, 64
     yield groups
     symmetric.CHUNK_BYTES = chunk

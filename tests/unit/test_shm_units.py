@@ -284,3 +284,11 @@ def test_sweep_removes_only_files_of_dead_creators_of_this_namespace_and_user(tm
     assert segment.sweep(str(tmp_path)) == [f"{tmp_path}/{names['left']}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(v for k, v in names.items() if k != "left")
     assert segment.sweep(str(tmp_path / "missing")) == []  # no such directory: nothing to do
+
+
+def test_bench_symmetric_ops_are_the_engines():
+    """``hpcdist bench`` names the symmetric operations without importing the engine (no MPI at parse time)."""
+    from hpcdist.backends.shm import symmetric
+    from hpcdist.bench import SYMMETRIC_OPS
+
+    assert SYMMETRIC_OPS == symmetric.OPS

@@ -101,30 +101,25 @@ def probe(seg: Segment, allowed: bool = True) -> Reader | None:
     names some other process: only the token proves it is the peer), and
     posts whether all matched; two syncs. The answer is the same on every rank.
     """
-    n, me = seg.size, seg.rank
+    me = seg.rank
     fn = _call() if allowed else None
     token = np.array([secrets.randbits(62) + 1], np.int64)
-    first = seg.set_of(seg.step)
-    seg.slot(first, me, np.int64, 3)[:] = (os.getpid(), token.ctypes.data, int(token[0]))
-    seg.sync()
-    posted = [[int(v) for v in seg.slot(first, r, np.int64, 3)] for r in range(n)]
+    posted = seg.exchange([os.getpid(), token.ctypes.data, int(token[0])])
     ok = fn is not None
     reader = Reader(fn, [p[0] for p in posted]) if ok else None
     if reader is not None:
         got = np.zeros(1, np.int64)
-        for r in range(n):
+        for r, (_, addr, want) in enumerate(posted):
             if r == me:
                 continue
             try:
-                reader.read(r, posted[r][1], got.ctypes.data, 8)
+                reader.read(r, addr, got.ctypes.data, 8)
             except OSError:
                 ok = False
                 break
-            if int(got[0]) != posted[r][2]:
+            if int(got[0]) != want:
                 ok = False
                 break
-    second = seg.set_of(seg.step)
-    seg.slot(second, me, np.int64, 1)[0] = int(ok)
-    seg.sync()  # every peer has read this rank's token (it lives until here) and posted its verdict
-    agreed = all(int(seg.slot(second, r, np.int64, 1)[0]) for r in range(n))
+    # every peer has read this rank's token (it lives until here) and posted its verdict
+    agreed = all(v[0] for v in seg.exchange([int(ok)]))
     return reader if agreed else None

@@ -60,6 +60,12 @@ _SYM_CODE = {op: len(table.OPS) + i + 1 for i, op in enumerate(symmetric.OPS)}
 _OP_NAMES = table.OPS + tuple(f"{op} on symmetric memory" for op in symmetric.OPS)
 
 
+def _converts(rop: ResolvedOp, half: str | None) -> bool:
+    """Whether a reduction converts items on the way in (half floats widened, PREMUL_SUM multiplied), which only
+    the segment's algorithms do: direct reads and symmetric memory then take the segment."""
+    return half is not None or rop.premul is not None
+
+
 def host_engine(pg: Any, device_type: str = "cpu") -> MPIEngine:
     """The engine of ``pg`` for host arrays: :class:`ShmEngine`, or the plain MPI engine (``HPCDIST_SHM=0``, 1 rank)."""
     mode = config.shm_mode()
@@ -211,7 +217,7 @@ class ShmEngine(MPIEngine):
             return MPIEngine._all_reduce(self, buf, rop, sync)
         flat = buf.arr.reshape(-1)
         half = buf.dtype if buf.dtype in HALF_DTYPES else None
-        sym = self._symmetric("all_reduce", flat, nbytes) if half is None and rop.premul is None else None
+        sym = None if _converts(rop, half) else self._symmetric("all_reduce", flat, nbytes)
         if sym is not None:
             symmetric.all_reduce(sym[0], sym[1], flat, sym[2], rop.mpi_name, rop.average)
             return self._done(sync, "all_reduce", buf.obj)
@@ -277,7 +283,7 @@ class ShmEngine(MPIEngine):
     def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
         half = out.dtype if out.dtype in HALF_DTYPES else None
         nbytes = inp.arr.nbytes
-        sym = self._symmetric("reduce_scatter_tensor", inp.arr, nbytes) if half is None and rop.premul is None else None
+        sym = None if _converts(rop, half) else self._symmetric("reduce_scatter_tensor", inp.arr, nbytes)
         if sym is not None:
             flat = inp.arr.reshape(-1)
             symmetric.reduce_scatter(sym[0], sym[1], flat, sym[2], out.arr.reshape(-1), rop.mpi_name, rop.average)
@@ -291,9 +297,8 @@ class ShmEngine(MPIEngine):
         return self._done(sync, "reduce_scatter_tensor", out.obj, out)
 
     def _reader(self, rop: ResolvedOp, half: str | None) -> cma.Reader | None:
-        """The direct reader for a reduction, or None: off, or items converted on the way in (half floats,
-        PREMUL_SUM), which the segment's algorithms do."""
-        return self._rd if half is None and rop.premul is None else None
+        """The direct reader for a reduction, or None: off, or items converted on the way in (:func:`_converts`)."""
+        return None if _converts(rop, half) else self._rd
 
     def _all_gather(self, seg: Segment, src: Any, outs: list[Any]) -> None:
         if self._rd is not None:

@@ -43,7 +43,7 @@ import numpy as np
 from ..._timed import timed_allgather_json
 from ...buffers.reduction import scale_average
 from ...errors import DistError, describe_op
-from .algorithms import UFUNCS, _bounds
+from .algorithms import UFUNCS, _bounds, _reduce_ordered
 from .direct import _others
 from .segment import Segment, _map_shared
 
@@ -148,20 +148,13 @@ def _agree(seg: Segment, alloc: Allocation, offset: int) -> list[int]:
 
 
 def _reduce(parts: list[np.ndarray], out: np.ndarray, mpi_op: str) -> None:
-    """``out = ((parts[0] op parts[1]) op parts[2]) ...``; ``out`` may be one of ``parts`` exactly, or apart."""
+    """``out = ((parts[0] op parts[1]) op parts[2]) ...`` in steps of :data:`CHUNK_BYTES` (partial results stay
+    in cache); ``out`` may be one of ``parts`` exactly, or apart (:func:`~.algorithms._reduce_ordered`)."""
     ufunc = UFUNCS[mpi_op]
-    if len(parts) == 2:
-        ufunc(parts[0], parts[1], out=out)
-        return
-    k = max(1, CHUNK_BYTES // out.itemsize)
-    acc = np.empty(min(k, out.size), out.dtype)
+    k = max(1, CHUNK_BYTES // out.itemsize) if len(parts) > 2 else max(1, out.size)  # two: no partial results
     for lo in range(0, out.size, k):
-        hi = min(lo + k, out.size)
-        a = acc[: hi - lo]
-        ufunc(parts[0][lo:hi], parts[1][lo:hi], out=a)
-        for p in parts[2:]:
-            ufunc(a, p[lo:hi], out=a)
-        np.copyto(out[lo:hi], a)  # every part's chunk is read before out's is written
+        hi = lo + k
+        _reduce_ordered([p[lo:hi] for p in parts], out[lo:hi], ufunc)
 
 
 def all_reduce(seg: Segment, alloc: Allocation, x: np.ndarray, offset: int, mpi_op: str, average: bool) -> None:
