@@ -42,6 +42,10 @@ Knobs are read when asked for (never at import time), so a program may set
                                  ``1`` (at every size) or ``0`` (never)
 ``HPCDIST_HIER_MIN_BYTES``       the smallest message (bytes) that takes
                                  the hierarchical path in ``auto`` mode
+``HPCDIST_HIER_ALGO``            the hierarchical all_reduce: ``auto``
+                                 (default: ``rails`` where every node holds
+                                 as many of the group's ranks, else
+                                 ``leaders``), ``rails`` or ``leaders``
 ``HPCDIST_NODE_ID``              this process's node identity, overriding
                                  host name + boot id + /dev/shm
                                  (:mod:`hpcdist.topology`)
@@ -77,6 +81,7 @@ __all__ = [
     "flight_dir",
     "flight_dump_on_error",
     "flight_recorder_size",
+    "hierarchical_algorithm",
     "hierarchical_min_bytes",
     "nccl_watchdog_enabled",
     "object_unpickler",
@@ -103,6 +108,8 @@ KNOBS: dict[str, str] = {
     "HPCDIST_FLIGHT_DUMP": "1: dump the flight recorder on a timeout or an abort (default); 0: off",
     "HPCDIST_HIER": "auto (default) | 1 | 0: hierarchical collectives across nodes (docs/multinode.md)",
     "HPCDIST_HIER_MIN_BYTES": "smallest message for the hierarchical path in auto mode (default 262144)",
+    "HPCDIST_HIER_ALGO": "auto (default) | rails | leaders: how the hierarchical all_reduce crosses nodes "
+    "(docs/multinode.md)",
     "HPCDIST_NODE_ID": "node identity override (default: host name + boot id + /dev/shm)",
     "HPCDIST_SHM": "auto (default: the measured table) | 1 (shared memory always) | 0 (MPI only), on one node",
     "HPCDIST_SHM_DIRECT": "1: node-local collectives read peers' arrays directly (process_vm_readv) where the OS "
@@ -270,7 +277,7 @@ def flight_dump_on_error() -> bool:
 
 
 #: below this many bytes the flat MPI call wins (one step instead of three); measured on the simulated
-#: 2 x 2 cluster (docs/benchmarks/hierarchical.md)
+#: 2 x 2 cluster (docs/multinode.md#measured-2026-11-24)
 DEFAULT_HIER_MIN_BYTES = 256 * 1024
 
 
@@ -284,6 +291,18 @@ def hierarchical_min_bytes() -> int | None:
     if mode == "1":
         return 0
     return _int_env("HPCDIST_HIER_MIN_BYTES", DEFAULT_HIER_MIN_BYTES, 0, "a number of bytes")
+
+
+#: HPCDIST_HIER_ALGO's values
+HIER_ALGOS = ("auto", "rails", "leaders")
+
+
+def hierarchical_algorithm() -> str:
+    """How the hierarchical all_reduce crosses nodes (``HPCDIST_HIER_ALGO``): ``auto``, ``rails`` or ``leaders``."""
+    algo = os.environ.get("HPCDIST_HIER_ALGO", "auto").strip().lower() or "auto"
+    if algo not in HIER_ALGOS:
+        raise ValueError(f"HPCDIST_HIER_ALGO must be one of {', '.join(map(repr, HIER_ALGOS))}, got {algo!r}")
+    return algo
 
 
 def shm_mode() -> str:

@@ -56,15 +56,22 @@ def rank_main(sizes: list[int], repeat: int) -> None:
     import hpcdist as dist
 
     os.environ["HPCDIST_HIER"] = "1"
+    os.environ["HPCDIST_HIER_ALGO"] = "auto"
     dist.init_process_group("mpi", timeout=timedelta(seconds=300))
     hier = dist.group.WORLD
-    hier.engine("cpu")  # engines are built on first use and read HPCDIST_HIER then: build this one now
+    hier.engine("cpu")  # engines are built on first use and read HPCDIST_HIER(_ALGO) then: build this one now
+    everyone = list(range(dist.get_world_size()))
+    os.environ["HPCDIST_HIER_ALGO"] = "leaders"
+    leaders = dist.new_group(everyone)
+    leaders.engine("cpu")
     os.environ["HPCDIST_HIER"] = "0"
-    flat = dist.new_group(list(range(dist.get_world_size())))
+    flat = dist.new_group(everyone)
     flat.engine("cpu")
-    kinds = [type(g.engine("cpu")).__name__ for g in (hier, flat)]
-    if kinds[0] != "HierarchicalEngine" or kinds[1] == "HierarchicalEngine":
-        raise SystemExit(f"expected the hierarchical engine and a flat one, got {kinds}")
+    engines = [g.engine("cpu") for g in (hier, leaders, flat)]
+    got = [(type(e).__name__, getattr(e, "algorithm", None)) for e in engines]
+    want = [("HierarchicalEngine", "auto"), ("HierarchicalEngine", "leaders")]
+    if got[:2] != want or got[2][0] == "HierarchicalEngine":
+        raise SystemExit(f"expected the hierarchical engine (auto, then leaders) and a flat one, got {got}")
     comm = hier.comm
     n = comm.Get_size()
     rows = []
@@ -76,6 +83,7 @@ def rank_main(sizes: list[int], repeat: int) -> None:
             "mpi4py": lambda x=x: comm.Allreduce(MPI.IN_PLACE, [x, MPI.FLOAT], MPI.SUM),
             "flat": lambda x=x: dist.all_reduce(x, group=flat),
             "hier": lambda x=x: dist.all_reduce(x, group=hier),
+            "leaders": lambda x=x: dist.all_reduce(x, group=leaders),
         }
         times: dict[str, list[float]] = {k: [] for k in cases}
         for fn in cases.values():  # warm up: engines, topology, connections
@@ -88,10 +96,11 @@ def rank_main(sizes: list[int], repeat: int) -> None:
                     fn()
                 dt = (time.perf_counter() - t0) / iters
                 times[name].append(comm.allreduce(dt, op=MPI.MAX))
-        x[:] = 1
-        dist.all_reduce(x, group=hier)
-        if not np.all(x == n):
-            raise SystemExit(f"wrong hierarchical result at {nbytes} bytes")
+        for g in (hier, leaders):
+            x[:] = 1
+            dist.all_reduce(x, group=g)
+            if not np.all(x == n):
+                raise SystemExit(f"wrong hierarchical result at {nbytes} bytes")
         rows.append({"bytes": x.nbytes, **{k: min(v) for k, v in times.items()}})
     dist.destroy_process_group()
     if int(os.environ["RANK"]) == 0:
@@ -130,7 +139,7 @@ def launch(args: argparse.Namespace) -> list[dict]:
             **_shared_cpus_env(world),
             PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         )
-        for var in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "HPCDIST_HIER"):
+        for var in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "HPCDIST_HIER", "HPCDIST_HIER_ALGO"):
             env.pop(var, None)
         cmd = [
             str(ROOT / "scripts" / "cluster-exec"),
@@ -183,7 +192,10 @@ def main() -> int:
     print(
         f"# {platform.node()}: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; best of {args.repeat} interleaved rounds"
     )
-    print("# busbw = 2 (n-1)/n x bytes / time; speed-up = flat time / hierarchical time")
+    print(
+        "# busbw = 2 (n-1)/n x bytes / time; speed-up = flat time / hierarchical time; "
+        "hierarchical: HPCDIST_HIER_ALGO=auto (rails: equal ranks per node), leaders: HPCDIST_HIER_ALGO=leaders"
+    )
     shared = _shared_cpus_env(n)
     if shared:
         print(
@@ -191,14 +203,16 @@ def main() -> int:
             + " ".join(f"{k}={v}" for k, v in shared.items())
         )
     print(
-        "| size | mpi4py Allreduce (ms) | hpcdist flat (ms) | hpcdist hierarchical (ms) | flat busbw (GB/s) | hier busbw (GB/s) | speed-up |"
+        "| size | mpi4py Allreduce (ms) | hpcdist flat (ms) | hierarchical (ms) | leaders (ms) "
+        "| flat busbw (GB/s) | hier busbw (GB/s) | speed-up | leaders speed-up |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         bw = 2 * (n - 1) / n * r["bytes"] / 1e9
         print(
             f"| {fmt_size(r['bytes'])} | {1e3 * r['mpi4py']:.3f} | {1e3 * r['flat']:.3f} | {1e3 * r['hier']:.3f} "
-            f"| {bw / r['flat']:.2f} | {bw / r['hier']:.2f} | {r['flat'] / r['hier']:.2f}x |",
+            f"| {1e3 * r['leaders']:.3f} | {bw / r['flat']:.2f} | {bw / r['hier']:.2f} | {r['flat'] / r['hier']:.2f}x "
+            f"| {r['flat'] / r['leaders']:.2f}x |",
             flush=True,
         )
     return 0

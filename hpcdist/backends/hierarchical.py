@@ -4,7 +4,14 @@ Across nodes the network is the scarce resource. A flat MPI collective over
 ``n`` nodes of ``k`` ranks each sends every rank's data over it; the
 hierarchical one sends only one copy per node:
 
-``all_reduce``
+``all_reduce``, where every node holds as many of the group's ranks (``rails``)
+    node-local reduce-scatter (node rank ``i`` gets slice ``i``, reduced over
+    the node) -> reduce-scatter + all-gather of slice ``i`` among the ranks
+    ``i`` of all nodes (the ``i``-th *rail*) over MPI, all rails at once ->
+    node-local all-gather. Every rank crosses the network with ``1/k`` of
+    the data (``k`` ranks per node), as NCCL's tree/ring algorithms do
+    between nodes: no rank idles while one leader sends everything.
+``all_reduce``, otherwise (``leaders``; or ``HPCDIST_HIER_ALGO=leaders``)
     node-local reduce to the node's leader (its lowest group rank) ->
     reduce-scatter + all-gather among the leaders over MPI -> node-local
     broadcast from the leader.
@@ -20,9 +27,10 @@ hierarchical one sends only one copy per node:
     node blocks among the leaders -> node-local scatter.
 
 **Bitwise identical everywhere.** Every element of a reduction is computed by
-exactly one rank — the node step's root for its node, then the one leader
-that owns the element's slice in the leaders' reduce-scatter — and only
-copies travel after that, so every rank gets the same bits. float16/bfloat16
+exactly one rank per node (the node step's root, or the owner of the
+element's slice in the node's reduce-scatter), then by the one rank that owns
+it in the reduce-scatter among leaders (or in its rail), and only copies
+travel after that, so every rank gets the same bits. float16/bfloat16
 are reduced in float32, PREMUL_SUM multiplies first and AVG divides last, as
 on the flat MPI path (:mod:`hpcdist.buffers.reduction`).
 
@@ -75,16 +83,19 @@ def spans_nodes(pg: Any) -> bool:
 
 
 class NodeTopology:
-    """The nodes of one group, as seen from this rank (collective to build: two ``Split`` s of the group's comm,
-    bounded by the group's timeout).
+    """The nodes of one group, as seen from this rank (collective to build: two or three ``Split`` s of the
+    group's comm, bounded by the group's timeout).
 
     ``node_pg``: the ranks of this node, a ProcessGroup whose engine runs
     the node-local steps; ``leaders``: the communicator of the nodes' lowest
-    group ranks (COMM_NULL elsewhere); ``order``: the group ranks node by
-    node (node-major), and ``identity`` whether that is plain rank order.
+    group ranks (COMM_NULL elsewhere); ``rails``: where ``want_rails`` and
+    every node holds as many ranks (``uniform``), the communicator of the
+    ranks with this rank's node rank, one per node (else COMM_NULL);
+    ``order``: the group ranks node by node (node-major), and ``identity``
+    whether that is plain rank order.
     """
 
-    def __init__(self, pg: Any) -> None:
+    def __init__(self, pg: Any, want_rails: bool = True) -> None:
         from ..group import ProcessGroup
 
         nodes = node_of_ranks(WORLD.node_of, pg._ranks)
@@ -97,13 +108,21 @@ class NodeTopology:
         self.order = [r for block in self.members for r in block]
         self.identity = self.order == list(range(len(nodes)))
         self.sizes = [len(b) for b in self.members]
+        self.uniform = len(set(self.sizes)) == 1  # the same on every rank: no message
+        rails = want_rails and self.uniform
         comm, limit = pg._comm, pg._timeout_s
-        # MPI_Comm_split has no non-blocking form: a polled barrier first, then both splits under the watchdog
-        node_comm, self.leaders = guarded(
-            lambda: (comm.Split(me, pg._rank), comm.Split(0 if self.is_leader else MPI.UNDEFINED, pg._rank)),
+
+        def split() -> tuple[Any, Any, Any]:
+            node = comm.Split(me, pg._rank)
+            leaders = comm.Split(0 if self.is_leader else MPI.UNDEFINED, pg._rank)
+            return node, leaders, comm.Split(self.node_rank, pg._rank) if rails else MPI.COMM_NULL
+
+        # MPI_Comm_split has no non-blocking form: a polled barrier first, then the splits under the watchdog
+        node_comm, self.leaders, self.rails = guarded(
+            split,
             comm,
             limit,
-            f"hierarchical collectives on {pg!r} (node and leader communicators)",
+            f"hierarchical collectives on {pg!r} (node, leader and rail communicators)",
             "every rank of the group must make the same collective calls in the same order (raise timeout= "
             "if a rank is just slow)",
         )
@@ -125,8 +144,9 @@ class NodeTopology:
 
     def close(self) -> None:
         self.node_pg._free()
-        if self.leaders != MPI.COMM_NULL and not MPI.Is_finalized():
-            self.leaders.Free()
+        for comm in (self.leaders, self.rails):
+            if comm != MPI.COMM_NULL and not MPI.Is_finalized():
+                comm.Free()
 
 
 def _plain(rop: ResolvedOp) -> ResolvedOp:
@@ -146,13 +166,17 @@ def _split(count: int, parts: int) -> list[int]:
 
 class HierarchicalEngine(MPIEngine):
     """The MPI engine, with hierarchical all_reduce, broadcast, all_gather_into_tensor and
-    reduce_scatter_tensor for blocking calls from ``HPCDIST_HIER_MIN_BYTES`` (see the module docstring)."""
+    reduce_scatter_tensor for blocking calls from ``HPCDIST_HIER_MIN_BYTES`` (see the module docstring).
+
+    ``algorithm`` (``HPCDIST_HIER_ALGO``, read when the engine is built): how all_reduce crosses the nodes.
+    """
 
     kind = "hierarchical"
 
     def __init__(self, pg: Any, device_type: str = "cpu") -> None:
         super().__init__(pg, device_type)
         self.min_bytes = config.hierarchical_min_bytes()
+        self.algorithm = config.hierarchical_algorithm()
         self._topo: NodeTopology | None = None
         if self.min_bytes is not None:  # all_reduce's lane and fast path stop where the hierarchical path starts
             self.fast_all_reduce_below = min(self.fast_all_reduce_below, self.min_bytes)
@@ -163,7 +187,7 @@ class HierarchicalEngine(MPIEngine):
             return None
         topo = self._topo
         if topo is None:
-            topo = self._topo = NodeTopology(self.pg)
+            topo = self._topo = NodeTopology(self.pg, want_rails=self.algorithm != "leaders")
         return topo
 
     def close(self) -> None:
@@ -174,7 +198,7 @@ class HierarchicalEngine(MPIEngine):
     def _leaders_wait(self, req: Any, name: str) -> None:
         pg = self.pg
         if not req.Test() and not wait_requests([req], pg._timeout_s):
-            raise timeout_error((f"{name} (among node leaders)", pg), pg._timeout_s)
+            raise timeout_error((f"{name} (between nodes)", pg), pg._timeout_s)
 
     # -- all_reduce ----------------------------------------------------------------------
 
@@ -185,15 +209,23 @@ class HierarchicalEngine(MPIEngine):
         work = prepare(buf, rop, copy=False).reshape(-1)
         wbuf, plain = _buf(work), _plain(rop)
         steps = topo.steps
-        steps.reduce(wbuf, 0, plain, sync=True)
-        if topo.is_leader:
-            self._leaders_all_reduce(topo.leaders, work, plain)
-        steps.broadcast(wbuf, 0, sync=True)
+        k = topo.sizes[topo.node]
+        if topo.rails != MPI.COMM_NULL and work.size % k == 0:  # the same on every rank: sizes agree
+            part = np.empty(work.size // k, dtype=work.dtype)
+            steps.reduce_scatter_tensor(_buf(part), wbuf, plain, sync=True)
+            self._leaders_all_reduce(topo.rails, part, plain)
+            steps.all_gather_into(wbuf, _buf(part), sync=True)
+        else:
+            steps.reduce(wbuf, 0, plain, sync=True)
+            if topo.is_leader:
+                self._leaders_all_reduce(topo.leaders, work, plain)
+            steps.broadcast(wbuf, 0, sync=True)
         finish_reduce(buf, work, rop, self.pg._size)
         return None
 
     def _leaders_all_reduce(self, comm: Any, work: np.ndarray, rop: ResolvedOp) -> None:
-        """Reduce-scatter then all-gather: each element reduced by one leader, so all get the same bits."""
+        """Reduce-scatter then all-gather among the leaders (or one rail): each element is reduced by one rank of
+        ``comm``, so all get the same bits."""
         counts = _split(work.size, comm.Get_size())
         displs = _displs(counts)
         mt = mpi_datatype(work.dtype)

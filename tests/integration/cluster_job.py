@@ -19,11 +19,12 @@ import sys
 from datetime import timedelta
 
 import numpy as np
+from mpi4py import MPI
 
 import hpcdist as dist
 from hpcdist.gpu.device import device_for_local_rank
 
-SIZES = (1, 7, 1000, 65536 + 3)  # uneven: not divisible by the ranks or nodes
+SIZES = (1, 7, 1000, 65536 + 3)  # uneven and even: all_reduce takes rails where the ranks per node divide the size
 DTYPES = ("float32", "float64", "int64", "float16")
 
 
@@ -104,6 +105,8 @@ def main() -> int:
     topo = dist.group.WORLD.engine("cpu")._topo
     report["node_steps"] = type(topo.steps).__name__ if topo is not None else None
     report["node_steps_segment"] = type(getattr(topo.steps, "_seg", None)).__name__ if topo is not None else None
+    # nodes of equal size: all_reduce crosses them on rails (one communicator per node rank, one rank per node)
+    report["rails"] = [] if topo is None or topo.rails == MPI.COMM_NULL else topo.rails.allgather(rank)
     big = data(rank, 1 << 18, "float32", 20)
     dist.all_reduce(big, group=sub)
     members = dist.get_process_group_ranks(sub)

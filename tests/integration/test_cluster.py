@@ -125,6 +125,11 @@ def launch(cluster: str, placement: list[str], url_of: str, tmp_path: Path) -> l
     return sorted(reports, key=lambda r: r["rank"])
 
 
+def node_rank(placement: list[str], rank: int) -> int:
+    """``rank``'s index among the ranks of its node."""
+    return [i for i, p in enumerate(placement) if p == placement[rank]].index(rank)
+
+
 def check_job(reports: list[dict], placement: list[str]) -> None:
     n = len(placement)
     assert [r["rank"] for r in reports] == list(range(n))
@@ -142,6 +147,10 @@ def check_job(reports: list[dict], placement: list[str]) -> None:
         assert r["engine"] == "HierarchicalEngine"
         # launcher-free, MPI refuses shared windows; the POSIX segment serves the node-local steps anyway
         assert (r["node_steps"], r["node_steps_segment"]) == ("ShmEngine", "Segment"), r
+        # equal nodes: this rank's rail holds the ranks of its node rank, one on each node
+        rail = r["rails"]
+        assert sorted(placement[m] for m in rail) == sorted(set(placement)), r
+        assert {node_rank(placement, m) for m in rail} == {node_rank(placement, r["rank"])}, r
         on_one_node = len({placement[m] for m in r["subgroup"]}) == 1  # else it spans nodes: MPI
         assert (r["subgroup_engine"], r["subgroup_segment"]) == ("ShmEngine", "Segment" if on_one_node else "bool"), r
         bad = [k for k, ok in r["checks"].items() if not ok]

@@ -314,6 +314,8 @@ def test_register_backend():
         ("HPCDIST_WAIT", "spin", "wait_mode"),
         ("HPCDIST_OBJECT_UNPICKLER", "some", "object_unpickler"),
         ("HPCDIST_NCCL_WATCHDOG", "sometimes", "nccl_watchdog_enabled"),
+        ("HPCDIST_HIER", "yes please", "hierarchical_min_bytes"),
+        ("HPCDIST_HIER_ALGO", "ring", "hierarchical_algorithm"),
     ],
 )
 def test_bad_knobs_name_themselves(monkeypatch, name, value, fn):
@@ -322,6 +324,19 @@ def test_bad_knobs_name_themselves(monkeypatch, name, value, fn):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=name):
         getattr(config, fn)()
+
+
+def test_hierarchical_algorithm_knob(monkeypatch):
+    from hpcdist import config
+
+    monkeypatch.delenv("HPCDIST_HIER_ALGO", raising=False)
+    assert config.hierarchical_algorithm() == "auto"
+    for value, want in ((" Leaders ", "leaders"), ("rails", "rails"), ("", "auto")):
+        monkeypatch.setenv("HPCDIST_HIER_ALGO", value)
+        assert config.hierarchical_algorithm() == want
+    monkeypatch.setenv("HPCDIST_HIER_ALGO", "ring")
+    with pytest.raises(ValueError, match="'auto', 'rails', 'leaders', got 'ring'"):
+        config.hierarchical_algorithm()
 
 
 @pytest.mark.parametrize(

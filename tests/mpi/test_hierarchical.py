@@ -1,0 +1,184 @@
+"""Hierarchical collectives over pretend nodes: both all_reduce algorithms, every op and dtype, against NumPy.
+
+The ranks of this job share one host; each case tells hpcdist that they lie
+on two nodes (``WORLD.node_of``, which init computes from the host identity)
+while the group's hierarchical engine, its node, leader and rail
+communicators and the node groups' shared-memory engines are built — all
+real MPI communicators and real segments. The simulated cluster
+(tests/integration/test_cluster.py) runs the same paths across real
+namespaces at 2 x 2 ranks; here they run at 3 and 4 ranks, with nodes of
+equal and unequal sizes, contiguous and interleaved.
+
+``rails`` (``HPCDIST_HIER_ALGO=auto``): node reduce-scatter, one all-reduce per
+rail between the nodes, node all-gather — where the nodes hold equal numbers
+of ranks and the item count divides by it; otherwise, and with
+``HPCDIST_HIER_ALGO=leaders``, node reduce, leaders' all-reduce, node
+broadcast. References are NumPy (test_collectives' ``_ref``); bitwise equality
+across ranks is checked over raw MPI.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from mpi_arrays import cast, make, need, to_np, values
+from test_collectives import OPS, _applies, _ref
+from test_shm import knobs_set
+
+import hpcdist as dist
+from hpcdist import ReduceOp
+from hpcdist._world import WORLD
+from hpcdist.backends.hierarchical import HierarchicalEngine, spans_nodes
+
+#: pretend layouts (node index of each world rank) by world size; one node must hold two or more ranks
+LAYOUTS = {
+    3: {"2+1": [0, 0, 1]},
+    4: {"2+2": [0, 0, 1, 1], "interleaved": [0, 1, 0, 1], "3+1": [0, 0, 0, 1]},
+}
+ALGOS = ["auto", "leaders"]
+SIZES = [1, 6, 7, 4099]  # divisible by 2 or not: both branches of rails
+BIG = 1 << 16  # with SUM: many chunks of the node segments
+
+
+def _layouts() -> dict[str, list[int]]:
+    """This job's pretend layouts (the conftest initialised the world before the tests are collected)."""
+    return LAYOUTS.get(dist.get_world_size(), {}) if dist.is_initialized() else {}
+
+
+CASES = [(layout, algo) for layout in _layouts() for algo in ALGOS]
+
+
+@pytest.fixture(scope="module")
+def hier_groups():
+    """(layout, algo) -> the world's ranks as a group with a hierarchical engine on that layout (collective).
+
+    Every group is made on every rank in the same order; the engines, their topologies and node engines are
+    built (by one all_reduce) while ``WORLD.node_of`` holds the pretend layout.
+    """
+    groups = {}
+    real = WORLD.node_of
+    try:
+        for layout, node_of in _layouts().items():
+            for algo in ALGOS:
+                WORLD.node_of = list(node_of)
+                with knobs_set({"HPCDIST_HIER": "1", "HPCDIST_HIER_ALGO": algo, "HPCDIST_SHM": "1"}):
+                    g = dist.new_group()
+                    assert isinstance(g.engine("cpu"), HierarchicalEngine)
+                    dist.all_reduce(np.ones(8), group=g)  # the topology and the node engines, now
+                groups[layout, algo] = g
+    finally:
+        WORLD.node_of = real
+    yield groups
+    for g in groups.values():
+        dist.destroy_process_group(g)
+
+
+def _node_rank(node_of: list[int], r: int) -> int:
+    return [q for q in range(len(node_of)) if node_of[q] == node_of[r]].index(r)
+
+
+def same_bytes_everywhere(arr: np.ndarray) -> None:
+    everyone = dist.group.WORLD.comm.allgather(arr.tobytes())
+    assert all(d == everyone[0] for d in everyone), "results differ between ranks"
+
+
+@pytest.mark.parametrize(("layout", "algo"), CASES)
+def test_the_topology_picks_rails_where_nodes_are_equal(hier_groups, layout, algo, monkeypatch):
+    g = hier_groups[layout, algo]
+    topo = g.engine("cpu")._topo
+    node_of = LAYOUTS[dist.get_world_size()][layout]
+    sizes = [node_of.count(j) for j in range(max(node_of) + 1)]
+    me = dist.get_rank()
+    assert topo.sizes == sizes
+    assert topo.node_pg.size() == sizes[node_of[me]]
+    rails = algo != "leaders" and len(set(sizes)) == 1
+    assert (topo.rails != MPI.COMM_NULL) == rails
+    if rails:  # one rank per node: those of this rank's node rank
+        peers = topo.rails.allgather(me)
+        assert sorted(node_of[r] for r in peers) == list(range(len(sizes)))
+        assert {_node_rank(node_of, p) for p in peers} == {_node_rank(node_of, me)}
+    # which node steps run: a reduce-scatter for rails (item count divisible by the ranks per node), else a reduce
+    steps = topo.steps
+    calls: list[str] = []
+
+    def counted(name: str):
+        real = getattr(steps, name)
+
+        def call(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+
+        return call
+
+    for name in ("reduce_scatter_tensor", "reduce"):
+        monkeypatch.setattr(steps, name, counted(name))
+    k = sizes[0]
+    for size in (k * 5, k * 5 + 1):
+        calls.clear()
+        dist.all_reduce(np.ones(size), group=g)
+        assert calls == ["reduce_scatter_tensor" if rails and size % k == 0 else "reduce"], (size, calls)
+
+
+# every op on float32, int64 and bfloat16 (torch); the reductions that convert or divide on the other floats
+ALL_REDUCE = [(d, o) for d in ("float32", "int64", "bfloat16") for o in OPS if _applies(o, d)]
+ALL_REDUCE += [(d, o) for d in ("float64", "float16") for o in ("SUM", "AVG", "PREMUL_SUM", "MAX")]
+
+
+@pytest.mark.parametrize(("layout", "algo"), CASES)
+@pytest.mark.parametrize(("dtype", "opname"), ALL_REDUCE)
+def test_all_reduce_every_op_dtype(hier_groups, layout, algo, dtype, opname):
+    g = hier_groups[layout, algo]
+    kind = "torch" if dtype == "bfloat16" else "numpy"
+    need(kind, dtype)
+    n = dist.get_world_size()
+    op = ReduceOp.PREMUL_SUM(2.0) if opname == "PREMUL_SUM" else getattr(ReduceOp, opname)
+    for size in [*SIZES, BIG] if opname == "SUM" else SIZES:
+        x = make(kind, values(dist.get_rank(), size, dtype), dtype)
+        dist.all_reduce(x, op=op, group=g)
+        got = to_np(x).reshape(-1)
+        stack = np.stack([values(r, size, dtype) for r in range(n)])
+        want = cast(np.asarray(_ref(opname, stack, dtype, n)), dtype).reshape(-1)
+        if dtype in ("float16", "bfloat16", "float32") and opname in ("SUM", "AVG", "PREMUL_SUM"):
+            tol = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 2e-2}[dtype]
+            assert np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol), (size, got[:4])
+        else:
+            assert np.array_equal(got, want), (size, got[:4], want[:4])
+        same_bytes_everywhere(got)
+
+
+@pytest.mark.parametrize(("layout", "algo"), CASES)
+def test_all_reduce_in_place_on_a_view_and_the_other_collectives(hier_groups, layout, algo):
+    """A strided view is reduced in place (the rest of its base untouched); broadcast, all_gather_into_tensor and
+    reduce_scatter_tensor on the same groups still agree with NumPy."""
+    g = hier_groups[layout, algo]
+    n, me = dist.get_world_size(), dist.get_rank()
+    base = values(me, 2 * 1002, "float64")
+    keep = base[1::2].copy()
+    view = base[0::2]
+    dist.all_reduce(view, group=g)
+    assert np.array_equal(view, sum(values(r, 2 * 1002, "float64")[0::2] for r in range(n)))
+    assert np.array_equal(base[1::2], keep)
+    for root in range(n):
+        x = values(me, 1001, "float32", salt=root)
+        dist.broadcast(x, src=root, group=g)
+        assert np.array_equal(x, values(root, 1001, "float32", salt=root))
+    out = np.empty(n * 999, dtype=np.int64)
+    dist.all_gather_into_tensor(out, values(me, 999, "int64"), group=g)
+    assert np.array_equal(out, np.concatenate([values(r, 999, "int64") for r in range(n)]))
+    out = np.empty(999, dtype=np.int64)
+    dist.reduce_scatter_tensor(out, values(me, 999 * n, "int64"), group=g)
+    assert np.array_equal(out, sum(values(r, 999 * n, "int64") for r in range(n))[me * 999 : (me + 1) * 999])
+
+
+def test_no_hierarchical_engine_where_no_node_holds_two_ranks(monkeypatch):
+    """One rank per node (or one node): nothing to gain from node steps, the flat engine serves the group."""
+    n = dist.get_world_size()
+    pg = dist.group.WORLD
+    monkeypatch.setattr(WORLD, "node_of", list(range(n)))  # every rank a node of its own
+    assert not spans_nodes(pg)
+    monkeypatch.setattr(WORLD, "node_of", [0] * n)  # all on one node
+    assert not spans_nodes(pg)
+    if n >= 3:
+        monkeypatch.setattr(WORLD, "node_of", [0] * (n - 1) + [1])
+        assert spans_nodes(pg)
