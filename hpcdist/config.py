@@ -42,7 +42,8 @@ Knobs are read when asked for (never at import time), so a program may set
                                  ``1`` (at every size) or ``0`` (never)
 ``HPCDIST_HIER_MIN_BYTES``       the smallest message (bytes) that takes
                                  the hierarchical path in ``auto`` mode
-``HPCDIST_HIER_ALGO``            the hierarchical all_reduce: ``auto``
+``HPCDIST_HIER_ALGO``            hierarchical all_reduce, all_gather and
+                                 reduce_scatter (tensor forms): ``auto``
                                  (default: ``rails`` where every node holds
                                  as many of the group's ranks, else
                                  ``leaders``), ``rails`` or ``leaders``
@@ -108,7 +109,7 @@ KNOBS: dict[str, str] = {
     "HPCDIST_FLIGHT_DUMP": "1: dump the flight recorder on a timeout or an abort (default); 0: off",
     "HPCDIST_HIER": "auto (default) | 1 | 0: hierarchical collectives across nodes (docs/multinode.md)",
     "HPCDIST_HIER_MIN_BYTES": "smallest message for the hierarchical path in auto mode (default 262144)",
-    "HPCDIST_HIER_ALGO": "auto (default) | rails | leaders: how the hierarchical all_reduce crosses nodes "
+    "HPCDIST_HIER_ALGO": "auto (default) | rails | leaders: how hierarchical reductions and gathers cross nodes "
     "(docs/multinode.md)",
     "HPCDIST_NODE_ID": "node identity override (default: host name + boot id + /dev/shm)",
     "HPCDIST_SHM": "auto (default: the measured table) | 1 (shared memory always) | 0 (MPI only), on one node",
@@ -298,7 +299,7 @@ HIER_ALGOS = ("auto", "rails", "leaders")
 
 
 def hierarchical_algorithm() -> str:
-    """How the hierarchical all_reduce crosses nodes (``HPCDIST_HIER_ALGO``): ``auto``, ``rails`` or ``leaders``."""
+    """How hierarchical collectives cross nodes (``HPCDIST_HIER_ALGO``): ``auto``, ``rails`` or ``leaders``."""
     algo = os.environ.get("HPCDIST_HIER_ALGO", "auto").strip().lower() or "auto"
     if algo not in HIER_ALGOS:
         raise ValueError(f"HPCDIST_HIER_ALGO must be one of {', '.join(map(repr, HIER_ALGOS))}, got {algo!r}")

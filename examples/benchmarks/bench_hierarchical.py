@@ -1,18 +1,25 @@
-"""Hierarchical vs flat all_reduce on the simulated multi-node cluster (scripts/cluster-up).
+"""Hierarchical vs flat collectives on the simulated multi-node cluster (scripts/cluster-up).
 
 Starts ``--nodes`` x ``--per-node`` ranks, each on its node of the cluster
 (``scripts/cluster-exec``), joined without a launcher through ``env://``
 over MPI on TCP (``UCX_TLS=tcp,self``: MPI crosses the namespaces through the
-kernel's TCP stack, as between hosts). For each size it times, in one run and
-interleaved: raw mpi4py ``Allreduce`` on the group's communicator, hpcdist's
-flat MPI path (``HPCDIST_HIER=0``) and the hierarchical path
-(``HPCDIST_HIER=1``), float32 SUM, blocking. A time is the slowest rank's
-mean over the iterations; the table shows the best of ``--repeat`` such
-measurements and the hierarchical path's speed-up over the flat one.
+kernel's TCP stack, as between hosts). For each operation (``--ops``:
+all_reduce, all_gather_into_tensor, reduce_scatter_tensor) and size it times,
+in one run and interleaved: the raw mpi4py call on the group's communicator
+(``Allreduce``, ``Allgather``, ``Reduce_scatter_block``), hpcdist's flat MPI
+path (``HPCDIST_HIER=0``), the hierarchical path as chosen
+(``HPCDIST_HIER_ALGO=auto``), and forced onto rails and onto the leaders
+(``HPCDIST_HIER_ALGO=rails`` / ``leaders``), float32 (SUM), blocking. A
+time is the slowest rank's mean over the iterations; each round starts the
+cases at the next one (rotated: whichever case follows a large transfer of
+another pays for it, measured up to 20%); the table shows the best of
+``--repeat`` such measurements and each hierarchical path's speed-up
+over the flat one. Every path's result is checked after the timing.
 
 Usage (as root; the cluster must be up):
     scripts/cluster-up 2
     python examples/benchmarks/bench_hierarchical.py [--sizes 4K,64K,1M,4M,16M,64M] [--repeat 5]
+        [--ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor]
     scripts/cluster-down
 """
 
@@ -49,9 +56,66 @@ def fmt_size(n: int) -> str:
 # ---------------------------------------------------------------------------------------- one rank
 
 
-def rank_main(sizes: list[int], repeat: int) -> None:
+#: the operations timed, with the raw mpi4py call beside them and the bus bandwidth factor (nccl-tests)
+OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+
+
+def bus_factor(op: str, n: int) -> float:
+    return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
+
+
+def _time_op(op: str, nbytes: int, repeat: int, comm, groups: dict) -> dict:
+    """Best-of-``repeat`` times of ``op`` on ``nbytes`` (the whole array: all_reduce's, the gathered output,
+    the scattered input) for raw mpi4py and each group, interleaved; checks each group's result."""
     import numpy as np
     from mpi4py import MPI
+
+    import hpcdist as dist
+
+    n, me = comm.Get_size(), comm.Get_rank()
+    m = max(1, nbytes // 4 // n)  # items per rank's block
+    whole = np.ones(m * n, dtype=np.float32)
+    block = np.ones(m, dtype=np.float32)
+    raw = {
+        "all_reduce": lambda: comm.Allreduce(MPI.IN_PLACE, [whole, MPI.FLOAT], MPI.SUM),
+        "all_gather_into_tensor": lambda: comm.Allgather([block, MPI.FLOAT], [whole, MPI.FLOAT]),
+        "reduce_scatter_tensor": lambda: comm.Reduce_scatter_block([whole, MPI.FLOAT], [block, MPI.FLOAT], MPI.SUM),
+    }[op]
+    call = {
+        "all_reduce": lambda g: dist.all_reduce(whole, group=g),
+        "all_gather_into_tensor": lambda g: dist.all_gather_into_tensor(whole, block, group=g),
+        "reduce_scatter_tensor": lambda g: dist.reduce_scatter_tensor(block, whole, group=g),
+    }[op]
+    cases = {"mpi4py": raw, **{name: (lambda g=g: call(g)) for name, g in groups.items()}}
+    iters = max(5, min(200, (64 << 20) // max(nbytes, 1) // 4))
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for fn in cases.values():  # warm up: engines, topology, connections
+        fn()
+    order = list(cases.items())
+    for round_ in range(repeat):
+        # a new order each round: the case right after another's large transfers runs up to 20% slower
+        for name, fn in order[round_ % len(order) :] + order[: round_ % len(order)]:
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            dt = (time.perf_counter() - t0) / iters
+            times[name].append(comm.allreduce(dt, op=MPI.MAX))
+    total = n * (n + 1) / 2  # inputs of rank r: r + 1
+    for name, g in groups.items():
+        block[:] = me + 1
+        whole[:] = me + 1
+        call(g)
+        if op == "all_gather_into_tensor":
+            ok = np.array_equal(whole, np.repeat(np.arange(1, n + 1, dtype=np.float32), m))
+        else:
+            ok = bool(np.all((block if op == "reduce_scatter_tensor" else whole) == total))
+        if not ok:
+            raise SystemExit(f"wrong {name} {op} result at {nbytes} bytes")
+    return {"bytes": whole.nbytes, **{k: min(v) for k, v in times.items()}}
+
+
+def rank_main(sizes: list[int], repeat: int, ops: list[str]) -> None:
 
     import hpcdist as dist
 
@@ -61,47 +125,24 @@ def rank_main(sizes: list[int], repeat: int) -> None:
     hier = dist.group.WORLD
     hier.engine("cpu")  # engines are built on first use and read HPCDIST_HIER(_ALGO) then: build this one now
     everyone = list(range(dist.get_world_size()))
-    os.environ["HPCDIST_HIER_ALGO"] = "leaders"
-    leaders = dist.new_group(everyone)
-    leaders.engine("cpu")
+    algos = {}
+    for algo in ("rails", "leaders"):
+        os.environ["HPCDIST_HIER_ALGO"] = algo
+        algos[algo] = dist.new_group(everyone)
+        algos[algo].engine("cpu")
     os.environ["HPCDIST_HIER"] = "0"
     flat = dist.new_group(everyone)
     flat.engine("cpu")
-    engines = [g.engine("cpu") for g in (hier, leaders, flat)]
+    engines = [g.engine("cpu") for g in (hier, algos["rails"], algos["leaders"], flat)]
     got = [(type(e).__name__, getattr(e, "algorithm", None)) for e in engines]
-    want = [("HierarchicalEngine", "auto"), ("HierarchicalEngine", "leaders")]
-    if got[:2] != want or got[2][0] == "HierarchicalEngine":
-        raise SystemExit(f"expected the hierarchical engine (auto, then leaders) and a flat one, got {got}")
+    want = [("HierarchicalEngine", a) for a in ("auto", "rails", "leaders")]
+    if got[:3] != want or got[3][0] == "HierarchicalEngine":
+        raise SystemExit(f"expected the hierarchical engine (auto, rails, leaders) and a flat one, got {got}")
     comm = hier.comm
-    n = comm.Get_size()
     rows = []
-    for nbytes in sizes:
-        x = np.ones(max(1, nbytes // 4), dtype=np.float32)
-        iters = max(5, min(200, (64 << 20) // max(nbytes, 1) // 4))
-
-        cases = {
-            "mpi4py": lambda x=x: comm.Allreduce(MPI.IN_PLACE, [x, MPI.FLOAT], MPI.SUM),
-            "flat": lambda x=x: dist.all_reduce(x, group=flat),
-            "hier": lambda x=x: dist.all_reduce(x, group=hier),
-            "leaders": lambda x=x: dist.all_reduce(x, group=leaders),
-        }
-        times: dict[str, list[float]] = {k: [] for k in cases}
-        for fn in cases.values():  # warm up: engines, topology, connections
-            fn()
-        for _ in range(repeat):
-            for name, fn in cases.items():
-                comm.Barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    fn()
-                dt = (time.perf_counter() - t0) / iters
-                times[name].append(comm.allreduce(dt, op=MPI.MAX))
-        for g in (hier, leaders):
-            x[:] = 1
-            dist.all_reduce(x, group=g)
-            if not np.all(x == n):
-                raise SystemExit(f"wrong hierarchical result at {nbytes} bytes")
-        rows.append({"bytes": x.nbytes, **{k: min(v) for k, v in times.items()}})
+    for op in ops:
+        for nbytes in sizes:
+            rows.append({"op": op, **_time_op(op, nbytes, repeat, comm, {"flat": flat, "hier": hier, **algos})})
     dist.destroy_process_group()
     if int(os.environ["RANK"]) == 0:
         print("RESULT " + json.dumps(rows), flush=True)
@@ -151,6 +192,8 @@ def launch(args: argparse.Namespace) -> list[dict]:
             args.sizes,
             "--repeat",
             str(args.repeat),
+            "--ops",
+            args.ops,
         ]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True))
     out = ""
@@ -174,6 +217,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="4K,64K,256K,1M,4M,16M,64M")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--ops", default="all_reduce", help=f"comma-separated, of {', '.join(OPS)}")
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--per-node", type=int, default=2)
     ap.add_argument("--port", type=int, default=29600)
@@ -181,20 +225,25 @@ def main() -> int:
     ap.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",") if s]
+    ops = [o for o in args.ops.split(",") if o]
+    bad = [o for o in ops if o not in OPS]
+    if bad:
+        ap.error(f"--ops: {bad} not among {', '.join(OPS)}")
     if args.rank_main:
-        rank_main(sizes, args.repeat)
+        rank_main(sizes, args.repeat, ops)
         return 0
     rows = launch(args)
     n = args.nodes * args.per_node
     print(
-        f"# all_reduce float32 SUM, {args.nodes} nodes x {args.per_node} ranks (scripts/cluster-up), MPI over TCP; {date.today()}"
+        f"# float32 (SUM), {args.nodes} nodes x {args.per_node} ranks (scripts/cluster-up), MPI over TCP; {date.today()}"
     )
     print(
         f"# {platform.node()}: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; best of {args.repeat} interleaved rounds"
     )
     print(
-        "# busbw = 2 (n-1)/n x bytes / time; speed-up = flat time / hierarchical time; "
-        "hierarchical: HPCDIST_HIER_ALGO=auto (rails: equal ranks per node), leaders: HPCDIST_HIER_ALGO=leaders"
+        "# size: the whole array (all_reduce's, all_gather's output, reduce_scatter's input); busbw as nccl-tests; "
+        "speed-up = flat time / hierarchical time; hierarchical: HPCDIST_HIER_ALGO=auto (as chosen), rails and "
+        "leaders: HPCDIST_HIER_ALGO=rails / leaders"
     )
     shared = _shared_cpus_env(n)
     if shared:
@@ -203,15 +252,16 @@ def main() -> int:
             + " ".join(f"{k}={v}" for k, v in shared.items())
         )
     print(
-        "| size | mpi4py Allreduce (ms) | hpcdist flat (ms) | hierarchical (ms) | leaders (ms) "
-        "| flat busbw (GB/s) | hier busbw (GB/s) | speed-up | leaders speed-up |"
+        "| op | size | mpi4py (ms) | hpcdist flat (ms) | hierarchical (ms) | rails (ms) | leaders (ms) "
+        "| flat busbw (GB/s) | hier busbw (GB/s) | speed-up | rails speed-up | leaders speed-up |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        bw = 2 * (n - 1) / n * r["bytes"] / 1e9
+        bw = bus_factor(r["op"], n) * r["bytes"] / 1e9
         print(
-            f"| {fmt_size(r['bytes'])} | {1e3 * r['mpi4py']:.3f} | {1e3 * r['flat']:.3f} | {1e3 * r['hier']:.3f} "
-            f"| {1e3 * r['leaders']:.3f} | {bw / r['flat']:.2f} | {bw / r['hier']:.2f} | {r['flat'] / r['hier']:.2f}x "
+            f"| {r['op']} | {fmt_size(r['bytes'])} | {1e3 * r['mpi4py']:.3f} | {1e3 * r['flat']:.3f} "
+            f"| {1e3 * r['hier']:.3f} | {1e3 * r['rails']:.3f} | {1e3 * r['leaders']:.3f} | {bw / r['flat']:.2f} "
+            f"| {bw / r['hier']:.2f} | {r['flat'] / r['hier']:.2f}x | {r['flat'] / r['rails']:.2f}x "
             f"| {r['flat'] / r['leaders']:.2f}x |",
             flush=True,
         )

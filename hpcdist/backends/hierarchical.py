@@ -19,12 +19,27 @@ hierarchical one sends only one copy per node:
     node-local broadcast on the root's node (from the root) -> broadcast
     among the leaders from the root node's leader -> node-local broadcast on
     every other node.
-``all_gather_into_tensor``
+``all_gather_into_tensor``, on rails (only with ``HPCDIST_HIER_ALGO=rails``)
+    all-gather along the rail (the inputs of the ranks ``i``) -> node-local
+    all-gather of the rails' blocks -> rows into rank order.
+``all_gather_into_tensor``, otherwise (``auto``: measured faster)
     node-local gather to the leader -> all-gather of node blocks among the
     leaders -> node-local broadcast of the whole result.
-``reduce_scatter_tensor``
+``reduce_scatter_tensor``, on rails
+    the input's blocks in rail order -> node-local reduce-scatter (node rank
+    ``i`` gets the blocks of rail ``i``, reduced over its node) ->
+    reduce-scatter along the rail: each rank its own block. No step back.
+``reduce_scatter_tensor``, otherwise
     node-local reduce of the whole input to the leader -> reduce-scatter of
     node blocks among the leaders -> node-local scatter.
+
+Rails need every node to hold as many of the group's ranks; ``broadcast``
+always goes through the leaders. ``HPCDIST_HIER_ALGO=auto`` (the default)
+takes rails for all_reduce and reduce_scatter_tensor, where they were
+faster on the simulated cluster, and the leaders for all_gather_into_tensor,
+where rails were slower (one more pass over the whole output, to put the
+rows into rank order); ``rails`` takes rails for all three; ``leaders``
+never.
 
 **Bitwise identical everywhere.** Every element of a reduction is computed by
 exactly one rank per node (the node step's root, or the owner of the
@@ -90,9 +105,10 @@ class NodeTopology:
     the node-local steps; ``leaders``: the communicator of the nodes' lowest
     group ranks (COMM_NULL elsewhere); ``rails``: where ``want_rails`` and
     every node holds as many ranks (``uniform``), the communicator of the
-    ranks with this rank's node rank, one per node (else COMM_NULL);
-    ``order``: the group ranks node by node (node-major), and ``identity``
-    whether that is plain rank order.
+    ranks with this rank's node rank, one per node, in node order (else
+    COMM_NULL); ``order``: the group ranks node by node (node-major), and
+    ``identity`` whether that is plain rank order; ``rail_order``: the group
+    ranks rail by rail (rail-major: node rank, then node).
     """
 
     def __init__(self, pg: Any, want_rails: bool = True) -> None:
@@ -109,13 +125,14 @@ class NodeTopology:
         self.identity = self.order == list(range(len(nodes)))
         self.sizes = [len(b) for b in self.members]
         self.uniform = len(set(self.sizes)) == 1  # the same on every rank: no message
+        self.rail_order = [b[i] for i in range(self.sizes[0]) for b in self.members] if self.uniform else []
         rails = want_rails and self.uniform
         comm, limit = pg._comm, pg._timeout_s
 
         def split() -> tuple[Any, Any, Any]:
             node = comm.Split(me, pg._rank)
             leaders = comm.Split(0 if self.is_leader else MPI.UNDEFINED, pg._rank)
-            return node, leaders, comm.Split(self.node_rank, pg._rank) if rails else MPI.COMM_NULL
+            return node, leaders, comm.Split(self.node_rank, me) if rails else MPI.COMM_NULL  # rail rank = node
 
         # MPI_Comm_split has no non-blocking form: a polled barrier first, then the splits under the watchdog
         node_comm, self.leaders, self.rails = guarded(
@@ -195,6 +212,13 @@ class HierarchicalEngine(MPIEngine):
             self._topo.close()
             self._topo = None
 
+    #: the collectives that take rails under HPCDIST_HIER_ALGO=auto (measured: docs/multinode.md)
+    RAILS_AUTO = frozenset({"all_reduce", "reduce_scatter_tensor"})
+
+    def _on_rails(self, topo: NodeTopology, op: str) -> bool:
+        """Whether ``op`` crosses the nodes on rails (the same answer on every rank)."""
+        return topo.rails != MPI.COMM_NULL and (self.algorithm == "rails" or op in self.RAILS_AUTO)
+
     def _leaders_wait(self, req: Any, name: str) -> None:
         pg = self.pg
         if not req.Test() and not wait_requests([req], pg._timeout_s):
@@ -210,7 +234,7 @@ class HierarchicalEngine(MPIEngine):
         wbuf, plain = _buf(work), _plain(rop)
         steps = topo.steps
         k = topo.sizes[topo.node]
-        if topo.rails != MPI.COMM_NULL and work.size % k == 0:  # the same on every rank: sizes agree
+        if self._on_rails(topo, "all_reduce") and work.size % k == 0:  # the same on every rank: sizes agree
             part = np.empty(work.size // k, dtype=work.dtype)
             steps.reduce_scatter_tensor(_buf(part), wbuf, plain, sync=True)
             self._leaders_all_reduce(topo.rails, part, plain)
@@ -262,6 +286,17 @@ class HierarchicalEngine(MPIEngine):
         if topo is None:
             return super().all_gather_into(out, inp, sync)
         m = inp.arr.size
+        mt = mpi_datatype(out.arr.dtype)
+        if self._on_rails(topo, "all_gather_into_tensor"):
+            rail = np.empty(topo.n_nodes * m, dtype=out.arr.dtype)
+            req = topo.rails.Iallgather([inp.arr.reshape(-1), mt], [rail, mt])
+            self._leaders_wait(req, "all_gather_into_tensor")
+            whole = np.empty(out.arr.size, dtype=out.arr.dtype)  # rail-major rows
+            topo.steps.all_gather_into(_buf(whole), _buf(rail), sync=True)
+            out.arr.reshape(len(topo.order), m)[topo.rail_order] = whole.reshape(len(topo.order), m)
+            if out.writeback is not None:
+                out.writeback()
+            return None
         whole = out.arr.reshape(-1) if topo.identity else np.empty(out.arr.size, dtype=out.arr.dtype)
         k = topo.sizes[topo.node]
         start = sum(topo.sizes[: topo.node]) * m  # this node's block in node-major order
@@ -269,7 +304,6 @@ class HierarchicalEngine(MPIEngine):
         outs = [_buf(block[i * m : (i + 1) * m]) for i in range(k)] if topo.is_leader else None
         topo.steps.gather(_buf(inp.arr.reshape(-1)), outs, 0, sync=True)
         if topo.is_leader:
-            mt = mpi_datatype(out.arr.dtype)
             counts = [s * m for s in topo.sizes]
             req = topo.leaders.Iallgatherv(MPI.IN_PLACE, [whole, (counts, _displs(counts)), mt])
             self._leaders_wait(req, "all_gather_into_tensor")
@@ -289,11 +323,22 @@ class HierarchicalEngine(MPIEngine):
             return super().reduce_scatter_tensor(out, inp, rop, sync)
         m = out.arr.size
         n = len(topo.order)
+        plain = _plain(rop)
+        if self._on_rails(topo, "reduce_scatter_tensor"):
+            # the blocks of rail 0 first (in node order), then rail 1's, ...: a copy, so the input stays as it was
+            ranked = prepare(inp, rop, copy=False).reshape(n, m)[topo.rail_order].reshape(-1)
+            rail = np.empty(topo.n_nodes * m, dtype=ranked.dtype)
+            topo.steps.reduce_scatter_tensor(_buf(rail), _buf(ranked), plain, sync=True)
+            mine = np.empty(m, dtype=ranked.dtype)
+            mt = mpi_datatype(ranked.dtype)
+            req = topo.rails.Ireduce_scatter([rail, mt], [mine, mt], [m] * topo.n_nodes, _mpi_op(plain.mpi_name))
+            self._leaders_wait(req, "reduce_scatter_tensor")
+            finish_reduce(out, mine, rop, self.pg._size)
+            return None
         # the node's root reduces in place: never into the caller's input
         work = prepare(inp, rop, copy=topo.is_leader).reshape(-1)
         if not topo.identity:
             work = np.ascontiguousarray(work.reshape(n, m)[topo.order]).reshape(-1)
-        plain = _plain(rop)
         topo.steps.reduce(_buf(work), 0, plain, sync=True)
         k = topo.sizes[topo.node]
         ins: list[Buf] | None = None

@@ -207,3 +207,19 @@ def test_an_engine_with_its_own_path_for_large_arrays_bounds_its_lane(pg, monkey
     assert HierarchicalEngine(pg).host_all_reduce_lane("float64", rop)[0] == 4096
     monkeypatch.setenv("HPCDIST_HIER", "1")  # hierarchical at every size: no lane at all
     assert HierarchicalEngine(pg).host_all_reduce_lane("float64", rop) is None
+
+
+def test_no_hierarchical_engine_where_no_node_holds_two_ranks(monkeypatch):
+    """One rank per node, or one node: nothing for node steps to gain; a node of 2+ ranks beside another: hierarchical."""
+    from hpcdist._world import WORLD
+    from hpcdist.backends.hierarchical import spans_nodes
+
+    n = dist.get_world_size()
+    pg = dist.group.WORLD
+    monkeypatch.setattr(WORLD, "node_of", list(range(n)))  # every rank a node of its own
+    assert not spans_nodes(pg)
+    monkeypatch.setattr(WORLD, "node_of", [0] * n)  # all on one node
+    assert not spans_nodes(pg)
+    if n >= 3:
+        monkeypatch.setattr(WORLD, "node_of", [0] * (n - 1) + [1])
+        assert spans_nodes(pg)
