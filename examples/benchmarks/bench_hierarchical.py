@@ -10,10 +10,10 @@ in one run and interleaved: the raw mpi4py call on the group's communicator
 path (``HPCDIST_HIER=0``), the hierarchical path as chosen
 (``HPCDIST_HIER_ALGO=auto``), and forced onto rails and onto the leaders
 (``HPCDIST_HIER_ALGO=rails`` / ``leaders``), float32 (SUM), blocking. A
-time is the slowest rank's mean over the iterations; each round starts the
-cases at the next one (rotated: whichever case follows a large transfer of
-another pays for it, measured up to 20%); the table shows the best of
-``--repeat`` such measurements and each hierarchical path's speed-up
+time is the slowest rank's mean over the iterations; each round runs the
+cases in a new order (shuffled, seeded by the round: the case that always
+followed flat MPI's large transfers ran up to 20% slower); the table shows
+the best of ``--repeat`` such measurements and each hierarchical path's speed-up
 over the flat one. Every path's result is checked after the timing.
 
 Usage (as root; the cluster must be up):
@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import subprocess
 import sys
 import time
@@ -93,8 +94,10 @@ def _time_op(op: str, nbytes: int, repeat: int, comm, groups: dict) -> dict:
         fn()
     order = list(cases.items())
     for round_ in range(repeat):
-        # a new order each round: the case right after another's large transfers runs up to 20% slower
-        for name, fn in order[round_ % len(order) :] + order[: round_ % len(order)]:
+        # a new order each round, the same on every rank (seeded): in a fixed order (or a rotated one, which is
+        # the same sequence in time) the case that always follows flat MPI's large transfers ran up to 20% slower
+        random.Random(round_).shuffle(order)
+        for name, fn in order:
             comm.Barrier()
             t0 = time.perf_counter()
             for _ in range(iters):

@@ -185,7 +185,8 @@ class HierarchicalEngine(MPIEngine):
     """The MPI engine, with hierarchical all_reduce, broadcast, all_gather_into_tensor and
     reduce_scatter_tensor for blocking calls from ``HPCDIST_HIER_MIN_BYTES`` (see the module docstring).
 
-    ``algorithm`` (``HPCDIST_HIER_ALGO``, read when the engine is built): how all_reduce crosses the nodes.
+    ``algorithm`` (``HPCDIST_HIER_ALGO``, read when the engine is built): whether all_reduce,
+    reduce_scatter_tensor and all_gather_into_tensor cross the nodes on rails or through the leaders.
     """
 
     kind = "hierarchical"
@@ -219,7 +220,7 @@ class HierarchicalEngine(MPIEngine):
         """Whether ``op`` crosses the nodes on rails (the same answer on every rank)."""
         return topo.rails != MPI.COMM_NULL and (self.algorithm == "rails" or op in self.RAILS_AUTO)
 
-    def _leaders_wait(self, req: Any, name: str) -> None:
+    def _wait_between_nodes(self, req: Any, name: str) -> None:
         pg = self.pg
         if not req.Test() and not wait_requests([req], pg._timeout_s):
             raise timeout_error((f"{name} (between nodes)", pg), pg._timeout_s)
@@ -237,17 +238,17 @@ class HierarchicalEngine(MPIEngine):
         if self._on_rails(topo, "all_reduce") and work.size % k == 0:  # the same on every rank: sizes agree
             part = np.empty(work.size // k, dtype=work.dtype)
             steps.reduce_scatter_tensor(_buf(part), wbuf, plain, sync=True)
-            self._leaders_all_reduce(topo.rails, part, plain)
+            self._all_reduce_between_nodes(topo.rails, part, plain)
             steps.all_gather_into(wbuf, _buf(part), sync=True)
         else:
             steps.reduce(wbuf, 0, plain, sync=True)
             if topo.is_leader:
-                self._leaders_all_reduce(topo.leaders, work, plain)
+                self._all_reduce_between_nodes(topo.leaders, work, plain)
             steps.broadcast(wbuf, 0, sync=True)
         finish_reduce(buf, work, rop, self.pg._size)
         return None
 
-    def _leaders_all_reduce(self, comm: Any, work: np.ndarray, rop: ResolvedOp) -> None:
+    def _all_reduce_between_nodes(self, comm: Any, work: np.ndarray, rop: ResolvedOp) -> None:
         """Reduce-scatter then all-gather among the leaders (or one rail): each element is reduced by one rank of
         ``comm``, so all get the same bits."""
         counts = _split(work.size, comm.Get_size())
@@ -256,9 +257,9 @@ class HierarchicalEngine(MPIEngine):
         me = comm.Get_rank()
         mine = np.empty(counts[me], dtype=work.dtype)
         req = comm.Ireduce_scatter([work, mt], [mine, mt], counts, _mpi_op(rop.mpi_name))
-        self._leaders_wait(req, "all_reduce")
+        self._wait_between_nodes(req, "all_reduce")
         req = comm.Iallgatherv([mine, mt], [work, (counts, displs), mt])
-        self._leaders_wait(req, "all_reduce")
+        self._wait_between_nodes(req, "all_reduce")
 
     # -- broadcast -----------------------------------------------------------------------
 
@@ -272,7 +273,7 @@ class HierarchicalEngine(MPIEngine):
             topo.steps.broadcast(flat, topo.members[root_node].index(root), sync=True)
         if topo.is_leader:
             mt = mpi_datatype(buf.arr.dtype)
-            self._leaders_wait(topo.leaders.Ibcast([flat.arr, mt], root_node), "broadcast")
+            self._wait_between_nodes(topo.leaders.Ibcast([flat.arr, mt], root_node), "broadcast")
         if topo.node != root_node:
             topo.steps.broadcast(flat, 0, sync=True)
         if buf.writeback is not None and self.pg._rank != root:
@@ -290,7 +291,7 @@ class HierarchicalEngine(MPIEngine):
         if self._on_rails(topo, "all_gather_into_tensor"):
             rail = np.empty(topo.n_nodes * m, dtype=out.arr.dtype)
             req = topo.rails.Iallgather([inp.arr.reshape(-1), mt], [rail, mt])
-            self._leaders_wait(req, "all_gather_into_tensor")
+            self._wait_between_nodes(req, "all_gather_into_tensor")
             whole = np.empty(out.arr.size, dtype=out.arr.dtype)  # rail-major rows
             topo.steps.all_gather_into(_buf(whole), _buf(rail), sync=True)
             out.arr.reshape(len(topo.order), m)[topo.rail_order] = whole.reshape(len(topo.order), m)
@@ -306,7 +307,7 @@ class HierarchicalEngine(MPIEngine):
         if topo.is_leader:
             counts = [s * m for s in topo.sizes]
             req = topo.leaders.Iallgatherv(MPI.IN_PLACE, [whole, (counts, _displs(counts)), mt])
-            self._leaders_wait(req, "all_gather_into_tensor")
+            self._wait_between_nodes(req, "all_gather_into_tensor")
         topo.steps.broadcast(_buf(whole), 0, sync=True)
         if not topo.identity:  # node-major -> rank order
             dst = out.arr.reshape(len(topo.order), m)
@@ -332,7 +333,7 @@ class HierarchicalEngine(MPIEngine):
             mine = np.empty(m, dtype=ranked.dtype)
             mt = mpi_datatype(ranked.dtype)
             req = topo.rails.Ireduce_scatter([rail, mt], [mine, mt], [m] * topo.n_nodes, _mpi_op(plain.mpi_name))
-            self._leaders_wait(req, "reduce_scatter_tensor")
+            self._wait_between_nodes(req, "reduce_scatter_tensor")
             finish_reduce(out, mine, rop, self.pg._size)
             return None
         # the node's root reduces in place: never into the caller's input
@@ -347,7 +348,7 @@ class HierarchicalEngine(MPIEngine):
             mt = mpi_datatype(work.dtype)
             counts = [s * m for s in topo.sizes]
             req = topo.leaders.Ireduce_scatter([work, mt], [mine, mt], counts, _mpi_op(plain.mpi_name))
-            self._leaders_wait(req, "reduce_scatter_tensor")
+            self._wait_between_nodes(req, "reduce_scatter_tensor")
             ins = [_buf(mine[i * m : (i + 1) * m]) for i in range(k)]
         recv = np.empty(m, dtype=work.dtype)
         topo.steps.scatter(_buf(recv), ins, 0, sync=True)
