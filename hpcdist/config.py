@@ -108,7 +108,7 @@ KNOBS: dict[str, str] = {
     "HPCDIST_FLIGHT_DIR": "directory of flight recorder dumps (./hpcdist-flight)",
     "HPCDIST_FLIGHT_DUMP": "1: dump the flight recorder on a timeout or an abort (default); 0: off",
     "HPCDIST_HIER": "auto (default) | 1 | 0: hierarchical collectives across nodes (docs/multinode.md)",
-    "HPCDIST_HIER_MIN_BYTES": "smallest message for the hierarchical path in auto mode (default 262144)",
+    "HPCDIST_HIER_MIN_BYTES": "smallest message for the hierarchical path in auto mode (default 524288)",
     "HPCDIST_HIER_ALGO": "auto (default) | rails | leaders: how hierarchical reductions and gathers cross nodes "
     "(docs/multinode.md)",
     "HPCDIST_NODE_ID": "node identity override (default: host name + boot id + /dev/shm)",
@@ -277,9 +277,10 @@ def flight_dump_on_error() -> bool:
     return bool(env_flag("HPCDIST_FLIGHT_DUMP", True))
 
 
-#: below this many bytes the flat MPI call wins (one step instead of three); measured on the simulated
-#: 2 x 2 cluster (docs/multinode.md#measured-2026-11-24)
-DEFAULT_HIER_MIN_BYTES = 256 * 1024
+#: below this many bytes the flat MPI call wins (one step instead of three): on the simulated 2 x 2 cluster
+#: the hierarchical all_reduce lost at 256 KiB in every run of 2026-11-25 and was about even at 512 KiB
+#: (docs/multinode.md#the-smallest-size-hpcdist-hier-min-bytes)
+DEFAULT_HIER_MIN_BYTES = 512 * 1024
 
 
 def hierarchical_min_bytes() -> int | None:
