@@ -44,8 +44,9 @@ Knobs are read when asked for (never at import time), so a program may set
                                  the hierarchical path in ``auto`` mode
 ``HPCDIST_HIER_ALGO``            hierarchical all_reduce, all_gather and
                                  reduce_scatter (tensor forms): ``auto``
-                                 (default: ``rails`` where every node holds
-                                 as many of the group's ranks, else
+                                 (default: ``rails`` for all_reduce and
+                                 reduce_scatter where every node holds as
+                                 many of the group's ranks, else
                                  ``leaders``), ``rails`` or ``leaders``
 ``HPCDIST_NODE_ID``              this process's node identity, overriding
                                  host name + boot id + /dev/shm

@@ -57,12 +57,8 @@ def fmt_size(n: int) -> str:
 # ---------------------------------------------------------------------------------------- one rank
 
 
-#: the operations timed, with the raw mpi4py call beside them and the bus bandwidth factor (nccl-tests)
+#: the operations timed (each beside its raw mpi4py call)
 OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
-
-
-def bus_factor(op: str, n: int) -> float:
-    return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
 
 
 def _time_op(op: str, nbytes: int, repeat: int, comm, groups: dict) -> dict:
@@ -119,7 +115,6 @@ def _time_op(op: str, nbytes: int, repeat: int, comm, groups: dict) -> dict:
 
 
 def rank_main(sizes: list[int], repeat: int, ops: list[str]) -> None:
-
     import hpcdist as dist
 
     os.environ["HPCDIST_HIER"] = "1"
@@ -235,6 +230,8 @@ def main() -> int:
     if args.rank_main:
         rank_main(sizes, args.repeat, ops)
         return 0
+    from hpcdist.bench import BUS
+
     rows = launch(args)
     n = args.nodes * args.per_node
     print(
@@ -260,7 +257,7 @@ def main() -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        bw = bus_factor(r["op"], n) * r["bytes"] / 1e9
+        bw = BUS[r["op"]](n) * r["bytes"] / 1e9  # nccl-tests' bus bandwidth, as hpcdist bench
         print(
             f"| {r['op']} | {fmt_size(r['bytes'])} | {1e3 * r['mpi4py']:.3f} | {1e3 * r['flat']:.3f} "
             f"| {1e3 * r['hier']:.3f} | {1e3 * r['rails']:.3f} | {1e3 * r['leaders']:.3f} | {bw / r['flat']:.2f} "

@@ -104,7 +104,7 @@ class NodeTopology:
     ``node_pg``: the ranks of this node, a ProcessGroup whose engine runs
     the node-local steps; ``leaders``: the communicator of the nodes' lowest
     group ranks (COMM_NULL elsewhere); ``rails``: where ``want_rails`` and
-    every node holds as many ranks (``uniform``), the communicator of the
+    every node holds as many ranks, the communicator of the
     ranks with this rank's node rank, one per node, in node order (else
     COMM_NULL); ``order``: the group ranks node by node (node-major), and
     ``identity`` whether that is plain rank order; ``rail_order``: the group
@@ -124,9 +124,9 @@ class NodeTopology:
         self.order = [r for block in self.members for r in block]
         self.identity = self.order == list(range(len(nodes)))
         self.sizes = [len(b) for b in self.members]
-        self.uniform = len(set(self.sizes)) == 1  # the same on every rank: no message
-        self.rail_order = [b[i] for i in range(self.sizes[0]) for b in self.members] if self.uniform else []
-        rails = want_rails and self.uniform
+        uniform = len(set(self.sizes)) == 1  # the same on every rank: no message
+        self.rail_order = [b[i] for i in range(self.sizes[0]) for b in self.members] if uniform else []
+        rails = want_rails and uniform
         comm, limit = pg._comm, pg._timeout_s
 
         def split() -> tuple[Any, Any, Any]:
@@ -190,6 +190,8 @@ class HierarchicalEngine(MPIEngine):
     """
 
     kind = "hierarchical"
+    #: the collectives that take rails under HPCDIST_HIER_ALGO=auto (measured: docs/multinode.md)
+    RAILS_AUTO = frozenset({"all_reduce", "reduce_scatter_tensor"})
 
     def __init__(self, pg: Any, device_type: str = "cpu") -> None:
         super().__init__(pg, device_type)
@@ -212,9 +214,6 @@ class HierarchicalEngine(MPIEngine):
         if self._topo is not None:
             self._topo.close()
             self._topo = None
-
-    #: the collectives that take rails under HPCDIST_HIER_ALGO=auto (measured: docs/multinode.md)
-    RAILS_AUTO = frozenset({"all_reduce", "reduce_scatter_tensor"})
 
     def _on_rails(self, topo: NodeTopology, op: str) -> bool:
         """Whether ``op`` crosses the nodes on rails (the same answer on every rank)."""

@@ -1,4 +1,4 @@
-"""Hierarchical collectives over pretend nodes: both all_reduce algorithms, every op and dtype, against NumPy.
+"""Hierarchical collectives over pretend nodes: every HPCDIST_HIER_ALGO, every op and dtype, against NumPy.
 
 The ranks of this job share one host; each case tells hpcdist that they lie
 on two nodes (``WORLD.node_of``, which init computes from the host identity)
@@ -25,7 +25,7 @@ import pytest
 from mpi4py import MPI
 from mpi_arrays import cast, empty, make, need, to_np, values
 from test_collectives import OPS, _applies, _ref
-from test_shm import knobs_set
+from test_shm import knobs_set, same_bytes_everywhere
 
 import hpcdist as dist
 from hpcdist import ReduceOp
@@ -80,11 +80,6 @@ def hier_groups():
 
 def _node_rank(node_of: list[int], r: int) -> int:
     return [q for q in range(len(node_of)) if node_of[q] == node_of[r]].index(r)
-
-
-def same_bytes_everywhere(arr: np.ndarray) -> None:
-    everyone = dist.group.WORLD.comm.allgather(arr.tobytes())
-    assert all(d == everyone[0] for d in everyone), "results differ between ranks"
 
 
 @pytest.mark.parametrize(("layout", "algo"), CASES)
@@ -156,7 +151,7 @@ def test_all_reduce_every_op_dtype(hier_groups, layout, algo, dtype, opname):
             assert np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol), (size, got[:4])
         else:
             assert np.array_equal(got, want), (size, got[:4], want[:4])
-        same_bytes_everywhere(got)
+        same_bytes_everywhere(g, got)
 
 
 @pytest.mark.parametrize(("layout", "algo"), CASES)
