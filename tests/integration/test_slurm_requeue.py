@@ -8,7 +8,10 @@ its checkpoint and finish with the same parameters, bit for bit, as an
 uninterrupted run of the same program under mpiexec.
 
 Slurm holds a requeued job back for about two minutes (its BeginTime); the
-test moves that to now (``scontrol update StartTime=now``) to stay short.
+test moves that to now (``scontrol update StartTime=now``) to stay short, but
+only some seconds after the requeue: slurmd revokes the first run's credential
+with a timestamp in whole seconds, and a second run launched within that same
+second is refused ("Job credential revoked") and ends the job FAILED.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from test_slurm import TERMINAL, _job_state, slurm  # noqa: F401  (slurm: the cl
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "jobs" / "slurm_requeue.sbatch"
 pytestmark = pytest.mark.slurm
+# seconds between seeing the requeue and starting the next run: past the revoked credential's second
+REVOKE_GRACE_S = 3.0
 pytest.importorskip("h5py")
 
 
@@ -65,12 +70,15 @@ def test_requeue_template_saves_requeues_and_resumes(slurm, tmp_path):  # noqa: 
         assert sig.returncode == 0, sig.stderr
         deadline = time.monotonic() + 300
         hurried = False
+        requeued_at = None
         while True:
             info = _show(job)
             state = re.search(r"JobState=(\S+)", info)
             if state and state.group(1) in TERMINAL:
                 break
-            if not hurried and "Restarts=1" in info and "Reason=BeginTime" in info:
+            if requeued_at is None and "Restarts=1" in info and "Reason=BeginTime" in info:
+                requeued_at = time.monotonic()
+            if not hurried and requeued_at is not None and time.monotonic() - requeued_at > REVOKE_GRACE_S:
                 subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], timeout=30)
                 hurried = True
             assert time.monotonic() < deadline, f"job {job} did not finish: {info}"
