@@ -45,7 +45,7 @@ import numpy as np
 
 from ._launchenv import free_port
 
-__all__ = ["OPS", "main", "parse_sizes"]
+__all__ = ["BUS", "OPS", "human_size", "main", "parse_sizes"]
 
 #: op -> (bus factor(n), the variants' calls are built by _calls)
 BUS: dict[str, Callable[[int], float]] = {
@@ -93,7 +93,8 @@ def parse_sizes(spec: str) -> list[int]:
     return [_bytes(s) for s in spec.split(",") if s.strip()]
 
 
-def _human(n: float) -> str:
+def human_size(n: float) -> str:
+    """``1048576`` -> ``"1 MiB"`` (whole binary units only; else bytes)."""
     for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= f and n % f == 0:
             return f"{n // f:g} {unit}"
@@ -309,7 +310,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                             }
                         )
                 world.Barrier()
-                bar.step(f"{op} {_human(nbytes)} x {k} ranks")
+                bar.step(f"{op} {human_size(nbytes)} x {k} ranks")
     if gloo:
         import torch.distributed as tdist
 

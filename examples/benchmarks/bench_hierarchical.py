@@ -37,21 +37,6 @@ from datetime import date, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().rstrip("B").rstrip("I")
-    if text and text[-1] in UNITS:
-        return int(float(text[:-1]) * UNITS[text[-1]])
-    return int(text)
-
-
-def fmt_size(n: int) -> str:
-    for unit, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= mult:
-            return f"{n / mult:g} {unit}"
-    return f"{n} B"
 
 
 # ---------------------------------------------------------------------------------------- one rank
@@ -222,7 +207,9 @@ def main() -> int:
     ap.add_argument("--limit", type=float, default=600.0, help="seconds allowed for the whole run")
     ap.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    sizes = [parse_size(s) for s in args.sizes.split(",") if s]
+    from hpcdist.bench import parse_sizes
+
+    sizes = parse_sizes(args.sizes)
     ops = [o for o in args.ops.split(",") if o]
     bad = [o for o in ops if o not in OPS]
     if bad:
@@ -230,7 +217,7 @@ def main() -> int:
     if args.rank_main:
         rank_main(sizes, args.repeat, ops)
         return 0
-    from hpcdist.bench import BUS
+    from hpcdist.bench import BUS, human_size
 
     rows = launch(args)
     n = args.nodes * args.per_node
@@ -259,7 +246,7 @@ def main() -> int:
     for r in rows:
         bw = BUS[r["op"]](n) * r["bytes"] / 1e9  # nccl-tests' bus bandwidth, as hpcdist bench
         print(
-            f"| {r['op']} | {fmt_size(r['bytes'])} | {1e3 * r['mpi4py']:.3f} | {1e3 * r['flat']:.3f} "
+            f"| {r['op']} | {human_size(r['bytes'])} | {1e3 * r['mpi4py']:.3f} | {1e3 * r['flat']:.3f} "
             f"| {1e3 * r['hier']:.3f} | {1e3 * r['rails']:.3f} | {1e3 * r['leaders']:.3f} | {bw / r['flat']:.2f} "
             f"| {bw / r['hier']:.2f} | {r['flat'] / r['hier']:.2f}x | {r['flat'] / r['rails']:.2f}x "
             f"| {r['flat'] / r['leaders']:.2f}x |",

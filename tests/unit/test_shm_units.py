@@ -8,7 +8,7 @@ import pytest
 
 from hpcdist import bucket_indices, config
 from hpcdist.backends.shm import table
-from hpcdist.bench import parse_sizes
+from hpcdist.bench import human_size, parse_sizes
 
 
 def test_window_modes_and_rank_rows(monkeypatch):
@@ -94,6 +94,14 @@ def test_parse_sizes():
     assert parse_sizes("8,1MiB") == [8, 1 << 20]
     with pytest.raises(ValueError, match="--sizes"):
         parse_sizes("1X")
+    assert parse_sizes("4k,64kb,1mb,1G") == [4096, 65536, 1 << 20, 1 << 30]  # what bench_hierarchical.py took
+
+
+def test_human_size_reads_back_through_parse_sizes():
+    sizes = [8, 1000, 1024, 3 << 10, 1 << 20, 3 << 20, 1 << 30]
+    assert [human_size(n) for n in sizes[2:5]] == ["1 KiB", "3 KiB", "1 MiB"]
+    assert human_size(1536) == "1536 B"  # not a whole KiB: bytes, never a rounded 1.5 KiB
+    assert parse_sizes(",".join(human_size(n).replace(" ", "") for n in sizes)) == sizes
 
 
 @pytest.mark.parametrize(("raw", "want"), [("0", "mpi"), ("1", "shm")])
