@@ -286,31 +286,30 @@ class HierarchicalEngine(MPIEngine):
         if topo is None:
             return super().all_gather_into(out, inp, sync)
         m = inp.arr.size
+        n = len(topo.order)
         mt = mpi_datatype(out.arr.dtype)
-        if self._on_rails(topo, "all_gather_into_tensor"):
+        if self._on_rails(topo, "all_gather_into_tensor"):  # along the rail, then on the node: rail-major rows
             rail = np.empty(topo.n_nodes * m, dtype=out.arr.dtype)
             req = topo.rails.Iallgather([inp.arr.reshape(-1), mt], [rail, mt])
             self._wait_between_nodes(req, "all_gather_into_tensor")
-            whole = np.empty(out.arr.size, dtype=out.arr.dtype)  # rail-major rows
+            whole = np.empty(out.arr.size, dtype=out.arr.dtype)
             topo.steps.all_gather_into(_buf(whole), _buf(rail), sync=True)
-            out.arr.reshape(len(topo.order), m)[topo.rail_order] = whole.reshape(len(topo.order), m)
-            if out.writeback is not None:
-                out.writeback()
-            return None
-        whole = out.arr.reshape(-1) if topo.identity else np.empty(out.arr.size, dtype=out.arr.dtype)
-        k = topo.sizes[topo.node]
-        start = sum(topo.sizes[: topo.node]) * m  # this node's block in node-major order
-        block = whole[start : start + k * m]
-        outs = [_buf(block[i * m : (i + 1) * m]) for i in range(k)] if topo.is_leader else None
-        topo.steps.gather(_buf(inp.arr.reshape(-1)), outs, 0, sync=True)
-        if topo.is_leader:
-            counts = [s * m for s in topo.sizes]
-            req = topo.leaders.Iallgatherv(MPI.IN_PLACE, [whole, (counts, _displs(counts)), mt])
-            self._wait_between_nodes(req, "all_gather_into_tensor")
-        topo.steps.broadcast(_buf(whole), 0, sync=True)
-        if not topo.identity:  # node-major -> rank order
-            dst = out.arr.reshape(len(topo.order), m)
-            dst[topo.order] = whole.reshape(len(topo.order), m)
+            order: list[int] | None = topo.rail_order
+        else:  # to the leader, among the leaders, from the leader: node-major rows
+            whole = out.arr.reshape(-1) if topo.identity else np.empty(out.arr.size, dtype=out.arr.dtype)
+            k = topo.sizes[topo.node]
+            start = sum(topo.sizes[: topo.node]) * m  # this node's block in node-major order
+            block = whole[start : start + k * m]
+            outs = [_buf(block[i * m : (i + 1) * m]) for i in range(k)] if topo.is_leader else None
+            topo.steps.gather(_buf(inp.arr.reshape(-1)), outs, 0, sync=True)
+            if topo.is_leader:
+                counts = [s * m for s in topo.sizes]
+                req = topo.leaders.Iallgatherv(MPI.IN_PLACE, [whole, (counts, _displs(counts)), mt])
+                self._wait_between_nodes(req, "all_gather_into_tensor")
+            topo.steps.broadcast(_buf(whole), 0, sync=True)
+            order = None if topo.identity else topo.order
+        if order is not None:  # -> rank order
+            out.arr.reshape(n, m)[order] = whole.reshape(n, m)
         if out.writeback is not None:
             out.writeback()
         return None

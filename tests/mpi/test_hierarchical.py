@@ -128,6 +128,7 @@ def test_the_topology_picks_rails_where_nodes_are_equal(hier_groups, layout, alg
     assert calls == (["reduce_scatter_tensor"] if rails else ["reduce", "scatter"]), calls
 
 
+# every op on float32, int64 and bfloat16 (torch); the reductions that convert or divide on the other floats
 ALL_REDUCE = [(d, o) for d in ("float32", "int64", "bfloat16") for o in OPS if _applies(o, d)]
 ALL_REDUCE += [(d, o) for d in ("float64", "float16") for o in ("SUM", "AVG", "PREMUL_SUM", "MAX")]
 
