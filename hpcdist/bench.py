@@ -72,25 +72,65 @@ def _bytes(text: str) -> int:
     try:
         if unit not in _UNITS:
             raise ValueError(unit)
-        return int(float(num) * _UNITS[unit])
-    except ValueError:
-        raise ValueError(f"--sizes: {text!r} is not a size such as 8, 4K, 1M or 64MiB") from None
+        value = int(float(num) * _UNITS[unit])  # OverflowError: inf, 1e400
+    except (ValueError, OverflowError):
+        raise ValueError(f"--sizes: expected a size such as 8, 4K, 1M or 64MiB, got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"--sizes: expected a size of at least 1 byte, got {text!r}")
+    return value
 
 
 def parse_sizes(spec: str) -> list[int]:
-    """``"1K:64M"`` (powers of two, or ``"1K:64M:4"`` x4 steps) or ``"8,1K,1M"`` -> byte counts."""
+    """``"1K:64M"`` (powers of two, or ``"1K:64M:4"`` x4 steps) or ``"8,1K,1M"`` -> byte counts (at least one,
+    each at least 1); ValueError naming ``--sizes``, what it expects and what it got."""
     if ":" in spec:
         parts = spec.split(":")
+        expected = f"--sizes: expected LO:HI[:FACTOR] with 0 < LO <= HI and an integer FACTOR >= 2, got {spec!r}"
+        if len(parts) > 3:
+            raise ValueError(expected)
         lo, hi = _bytes(parts[0]), _bytes(parts[1])
-        step = int(parts[2]) if len(parts) > 2 else 2
-        if lo <= 0 or hi < lo or step < 2:
-            raise ValueError(f"--sizes {spec!r}: expected LO:HI[:FACTOR] with 0 < LO <= HI and FACTOR >= 2")
+        try:
+            step = int(parts[2]) if len(parts) > 2 else 2
+        except ValueError:
+            raise ValueError(expected) from None
+        if hi < lo or step < 2:
+            raise ValueError(expected)
         out = []
         while lo <= hi:
             out.append(lo)
             lo *= step
         return out
-    return [_bytes(s) for s in spec.split(",") if s.strip()]
+    out = [_bytes(s) for s in spec.split(",") if s.strip()]
+    if not out:
+        raise ValueError(
+            f"--sizes: expected at least one size (LO:HI[:FACTOR] or a list such as 8,1K,1M), got {spec!r}"
+        )
+    return out
+
+
+def parse_ops(spec: str) -> list[str]:
+    """``"all_reduce,broadcast"`` -> the operations, in order (at least one, each of :data:`OPS`);
+    ValueError naming ``--ops``, the choices and what it got."""
+    ops = [o.strip() for o in spec.split(",") if o.strip()]
+    unknown = [o for o in ops if o not in BUS]
+    if unknown or not ops:
+        got = f"unknown {', '.join(map(repr, unknown))} in {spec!r}" if unknown else repr(spec)
+        raise ValueError(f"--ops: expected a comma-separated list of {', '.join(OPS)}; got {got}")
+    return ops
+
+
+def parse_ranks(spec: str, size: int | None = None) -> list[int]:
+    """``"2,4"`` -> the group sizes to sweep, sorted (empty: all ranks of the launch); with ``size`` (the
+    launch's), each must be at most it. ValueError naming ``--ranks``."""
+    try:
+        ranks = sorted({int(r) for r in spec.split(",") if r.strip()})
+    except ValueError:
+        raise ValueError(f"--ranks: expected comma-separated integers such as 2,4, got {spec!r}") from None
+    bad = [k for k in ranks if k < 1 or (size is not None and k > size)]
+    if bad:
+        most = f" and at most the {size} ranks of this launch" if size is not None else ""
+        raise ValueError(f"--ranks: expected group sizes of at least 1{most}, got {spec!r}")
+    return ranks
 
 
 def human_size(n: float) -> str:
@@ -123,6 +163,16 @@ class _Progress:
             sys.stderr.flush()
 
 
+def _count(op: str, nbytes: int, n: int) -> int:
+    """The float32 items of ``op``'s (full-size) array for a requested ``nbytes`` at ``n`` ranks: at least one,
+    and a multiple of ``n`` where the array is split among the ranks. A row reports ``4 * count`` bytes, the
+    size that moved (as nccl-tests reports the size it rounded to)."""
+    count = max(1, nbytes // 4)
+    if op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"):
+        count = max(n, count // n * n)
+    return count
+
+
 def _calls(
     op: str, nbytes: int, n: int, me: int, groups: dict[str, Any], raw: Any, tg: Any, sym: bool = False
 ) -> dict[str, Any]:
@@ -132,9 +182,7 @@ def _calls(
 
     import hpcdist as dist
 
-    count = max(1, nbytes // 4)
-    if op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"):
-        count = max(n, count // n * n)
+    count = _count(op, nbytes, n)
     a = np.zeros(count, np.float32)
     a2 = np.zeros(count, np.float32)
     small = np.zeros(count // n, np.float32)
@@ -262,22 +310,13 @@ def _init_gloo(world: Any) -> bool:
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Run the sweep; every rank returns the rows (rank 0's are the ones printed)."""
+    """Run the sweep (in an initialized world); every rank returns the rows (rank 0's are the ones printed)."""
     from mpi4py import MPI
 
-    import hpcdist as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group("mpi")
     world = MPI.COMM_WORLD.Dup()
     n_world, me = world.Get_size(), world.Get_rank()
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-    for o in ops:
-        if o not in BUS:
-            raise SystemExit(f"hpcdist bench: unknown op {o!r}; expected some of {', '.join(OPS)}")
-    ranks = sorted({int(r) for r in args.ranks.split(",")}) if args.ranks else [n_world]
-    ranks = [k for k in ranks if 2 <= k <= n_world] or [n_world]
-    sizes = parse_sizes(args.sizes)
+    ops, sizes = parse_ops(args.ops), parse_sizes(args.sizes)
+    ranks = parse_ranks(args.ranks, n_world) or [n_world]
     gloo = not args.no_gloo and _init_gloo(world)
     rows: list[dict[str, Any]] = []
     steps = len(ranks) * sum(1 if op == "barrier" else len(sizes) for op in ops)
@@ -293,20 +332,19 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     for _ in range(args.rounds):
                         for v, fn in calls.items():
                             best[v] = min(best[v], _time(fn, iters, raw))
-                    path = groups["hpcdist"].engine("cpu")
-                    route = path.path(op, nbytes)
+                    moved = 4 * _count(op, nbytes, k) if op != "barrier" else 0
+                    route = groups["hpcdist"].engine("cpu").path(op, moved)
                     for v, t in best.items():
-                        factor = BUS[op](k)
                         rows.append(
                             {
                                 "op": op,
                                 "ranks": k,
-                                "bytes": nbytes if op != "barrier" else 0,
+                                "bytes": moved,
                                 "variant": v,
                                 "path": route if v == "hpcdist" else v,
                                 "time_us": t * 1e6,
-                                "algbw_GBps": nbytes / t / 1e9 if op != "barrier" else 0.0,
-                                "busbw_GBps": nbytes / t / 1e9 * factor if op != "barrier" else 0.0,
+                                "algbw_GBps": moved / t / 1e9,
+                                "busbw_GBps": moved / t / 1e9 * BUS[op](k),
                             }
                         )
                 world.Barrier()
@@ -345,14 +383,21 @@ def format_tables(rows: list[dict[str, Any]]) -> str:
         out.append("|" + "---|" * len(head))
         for nbytes in sorted({r["bytes"] for r in mine}):
             by = {r["variant"]: r for r in mine if r["bytes"] == nbytes}
-            cells = [str(nbytes), by["hpcdist"]["path"]]
-            cells += [f"{by[v]['time_us']:.1f}" for v in variants]
-            cells += [f"{by[v]['busbw_GBps']:.2f}" for v in variants]
-            cells.append(f"{by['raw']['time_us'] / by['hpcdist']['time_us']:.2f}x")
+            cells = [str(nbytes), by["hpcdist"]["path"] if "hpcdist" in by else "-"]
+            cells += [f"{by[v]['time_us']:.1f}" if v in by else "-" for v in variants]
+            cells += [f"{by[v]['busbw_GBps']:.2f}" if v in by else "-" for v in variants]
+            cells.append(_ratio(by, "hpcdist"))
             if "symmetric" in variants:
-                cells.append(f"{by['raw']['time_us'] / by['symmetric']['time_us']:.2f}x" if "symmetric" in by else "")
+                cells.append(_ratio(by, "symmetric"))
             out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
+
+
+def _ratio(by: dict[str, dict[str, Any]], variant: str) -> str:
+    """raw's time over ``variant``'s (``-`` where a CSV of ``--from-csv`` lacks either)."""
+    if "raw" not in by or variant not in by or not by[variant]["time_us"] > 0:
+        return "-"
+    return f"{by['raw']['time_us'] / by[variant]['time_us']:.2f}x"
 
 
 def selection_rows(rows: list[dict[str, Any]]) -> str:
@@ -387,14 +432,52 @@ def write_csv(rows: list[dict[str, Any]], path: str) -> None:
 
 
 def read_csv(paths: list[str]) -> list[dict[str, Any]]:
-    """The rows of earlier ``--csv`` files, typed as :func:`run` makes them (for ``--from-csv``)."""
-    types = {"ranks": int, "bytes": int, "time_us": float, "algbw_GBps": float, "busbw_GBps": float}
-    rows = []
+    """The rows of earlier ``--csv`` files, typed as :func:`run` makes them (for ``--from-csv``).
+
+    ValueError naming the file (and line) when one cannot be read, lacks a column, holds a value of the
+    wrong kind, an unknown operation or variant, or no row at all."""
+    types: dict[str, Callable[[str], Any]] = {
+        "ranks": int, "bytes": int, "time_us": float, "algbw_GBps": float, "busbw_GBps": float,
+    }  # fmt: skip
+    columns = ("op", "ranks", "bytes", "variant", "path", "time_us", "algbw_GBps", "busbw_GBps")
+    rows: list[dict[str, Any]] = []
     for path in paths:
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                rows.append({k: types.get(k, str)(v) for k, v in row.items()})
+        try:
+            with open(path, newline="") as f:
+                reader = csv.DictReader(f)
+                if reader.fieldnames is None:
+                    raise ValueError(
+                        f"--from-csv {path!r}: expected a CSV written by hpcdist bench --csv, got an empty file"
+                    )
+                missing = [c for c in columns if c not in reader.fieldnames]
+                if missing:
+                    raise ValueError(
+                        f"--from-csv {path!r}: expected a CSV written by hpcdist bench --csv, but its header lacks "
+                        f"{', '.join(missing)}"
+                    )
+                before = len(rows)
+                for row in reader:
+                    rows.append(_typed(row, types, f"--from-csv {path!r} line {reader.line_num}"))
+        except OSError as exc:
+            raise ValueError(f"--from-csv: cannot read {path!r}: {exc.strerror or exc}") from None
+        if len(rows) == before:
+            raise ValueError(f"--from-csv {path!r}: expected rows of measurements, got none")
     return rows
+
+
+def _typed(row: dict[str, str], types: dict[str, Callable[[str], Any]], where: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        try:
+            out[k] = types.get(k, str)(v)
+        except (TypeError, ValueError):
+            kind = "an integer" if types[k] is int else "a number"
+            raise ValueError(f"{where}: {k}: expected {kind}, got {v!r}") from None
+    if out["op"] not in BUS:
+        raise ValueError(f"{where}: op: expected one of {', '.join(OPS)}, got {out['op']!r}")
+    if out["variant"] not in VARIANTS:
+        raise ValueError(f"{where}: variant: expected one of {', '.join(VARIANTS)}, got {out['variant']!r}")
+    return out
 
 
 def write_plot(rows: list[dict[str, Any]], path: str) -> None:
@@ -408,7 +491,7 @@ def write_plot(rows: list[dict[str, Any]], path: str) -> None:
         raise SystemExit("hpcdist bench --plot needs matplotlib: pip install 'hpcdist[plot]'") from None
     keys = sorted({(r["op"], r["ranks"]) for r in rows if r["op"] != "barrier"}, key=lambda x: (OPS.index(x[0]), x[1]))
     if not keys:
-        return
+        raise ValueError("--plot: no row of an operation with sizes to plot (barrier's rows have none)")
     cols = min(3, len(keys))
     nrows = -(-len(keys) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.6 * nrows), squeeze=False)
@@ -450,7 +533,13 @@ def _header() -> str:
 def _from_csv(args: argparse.Namespace) -> int:
     """``--from-csv``: the outputs of a sweep from its CSV files, without MPI (e.g. 2 ranks and 4 ranks measured
     in separate launches, plotted together)."""
-    _outputs(read_csv(args.from_csv), args)
+    rows = read_csv(args.from_csv)
+    if args.plot and all(r["op"] == "barrier" for r in rows):
+        raise ValueError(f"--plot: the rows of {', '.join(args.from_csv)} are all barrier's: no size to plot")
+    problem = _check_outputs(args)
+    if problem:
+        raise ValueError(problem)
+    _outputs(rows, args)
     return 0
 
 
@@ -471,15 +560,22 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ops", default="all_reduce", help=f"comma-separated, of: {', '.join(OPS)} (default all_reduce)")
     p.add_argument("--sizes", default="1K:64M:4", help="LO:HI[:FACTOR] or a list, e.g. 8,1K,1M (default 1K:64M:4)")
     p.add_argument("--ranks", default="", help="group sizes to sweep, e.g. 2,4 (default: all ranks of the launch)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the best is kept (default 3)")
+    p.add_argument(
+        "--rounds", type=_number("--rounds", int, 1), default=3, help="interleaved rounds; the best is kept (default 3)"
+    )
     p.add_argument(
         "--passes",
-        type=int,
+        type=_number("--passes", int, 1),
         default=1,
         help="sweep this many times and keep each cell's best (a slow spell of a shared machine then spoils "
         "one pass of a size, not its every round; default 1)",
     )
-    p.add_argument("--iters", type=float, default=1.0, help="scale the iterations per measurement (default 1)")
+    p.add_argument(
+        "--iters",
+        type=_number("--iters", float, 0),
+        default=1.0,
+        help="scale the iterations per measurement (default 1)",
+    )
     p.add_argument("--no-gloo", action="store_true", help="skip torch.distributed gloo even when torch is installed")
     p.add_argument(
         "--symmetric",
@@ -497,22 +593,89 @@ def main(argv: list[str]) -> int:
         help="measure nothing: print the tables of earlier --csv files (merged; with --plot, --table, --csv)",
     )
     args = p.parse_args(argv)
-    if args.from_csv:
-        return _from_csv(args)
     try:
-        parse_sizes(args.sizes)  # bad sizes fail before MPI starts
+        if args.from_csv:
+            return _from_csv(args)
+        _check_args(args)  # before MPI starts, on every rank
     except ValueError as exc:
         p.error(str(exc))
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's deprecation notes on *_tensor names
-    if args.passes < 1:
-        p.error(f"--passes must be >= 1, got {args.passes}")
-    rows = best_of([run(args) for _ in range(args.passes)])
+    import hpcdist as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("mpi")
     from mpi4py import MPI
 
+    problem = _check_launch(args, MPI.COMM_WORLD)
+    if problem:
+        dist.destroy_process_group()
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            p.print_usage(sys.stderr)
+            sys.stderr.write(f"{p.prog}: error: {problem}\n")
+        return 2
+    rows = best_of([run(args) for _ in range(args.passes)])
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(_header())
         _outputs(rows, args)
-    import hpcdist as dist
-
     dist.destroy_process_group()
     return 0
+
+
+def _number(flag: str, kind: type, minimum: float) -> Callable[[str], Any]:
+    """An argparse ``type`` of :func:`~hpcdist.config.parse_number` (its message, without argparse's prefix)."""
+    from .config import parse_number
+
+    def parse(text: str) -> Any:
+        try:
+            return parse_number(
+                text, flag, minimum=minimum, unit="a number" if kind is float else "an integer", kind=kind
+            )
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
+
+    return parse
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Every check that needs no MPI: sizes, ops, the --ranks list (against the launch's size where the
+    launcher's variables give it), and a --plot that would have nothing to draw."""
+    from .rendezvous.detect import launcher_rank_size
+
+    parse_sizes(args.sizes)
+    ops = parse_ops(args.ops)
+    launch = launcher_rank_size()
+    parse_ranks(args.ranks, launch[1] if launch else None)
+    if args.plot and set(ops) == {"barrier"}:
+        raise ValueError(f"--plot: barrier has no sizes to plot; add another operation to --ops, got {args.ops!r}")
+
+
+def _check_launch(args: argparse.Namespace, world: Any) -> str | None:
+    """The checks that need the launch, before any measurement: --ranks against its size (every rank alike),
+    and whether rank 0 can write --csv and --plot (its answer broadcast). The message, or None."""
+    try:
+        parse_ranks(args.ranks, world.Get_size())
+    except ValueError as exc:
+        return str(exc)
+    problem = None
+    if world.Get_rank() == 0:
+        problem = _check_outputs(args)
+    return world.bcast(problem, root=0)
+
+
+def _check_outputs(args: argparse.Namespace) -> str | None:
+    """Why rank 0 could not write ``--csv`` / ``--plot`` after the sweep (a missing or read-only directory, a
+    directory in the file's place, no matplotlib), or None."""
+    for flag, path in (("--csv", args.csv), ("--plot", args.plot)):
+        if not path:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            return f"{flag}: expected a file to write, got the directory {path!r}"
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+            return f"{flag}: expected a file in a writable directory, got {path!r} ({folder} is not one)"
+    if args.plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            return "--plot needs matplotlib: pip install 'hpcdist[plot]'"
+    return None

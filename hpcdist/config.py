@@ -168,6 +168,18 @@ def parse_number(raw: str, what: str, *, minimum: float, unit: str = "an integer
     return value
 
 
+def _choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    """Knob ``name`` as one of ``choices`` (any case, spaces ignored); ``default`` when unset or empty; else
+    ValueError naming the variable, the choices and the value as given."""
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if not value:
+        return default
+    if value not in choices:
+        raise ValueError(f"environment variable {name} must be one of {', '.join(map(repr, choices))}, got {raw!r}")
+    return value
+
+
 def _int_env(name: str, default: int, minimum: int, unit: str = "an integer") -> int:
     """Integer knob ``name``: ``default`` when unset or empty, else :func:`parse_number`'s value."""
     raw = os.environ.get(name, "")
@@ -182,7 +194,14 @@ def default_timeout() -> timedelta:
     if not raw.strip():
         return timedelta(minutes=30)
     what = "environment variable HPCDIST_TIMEOUT"
-    return timedelta(seconds=parse_number(raw, what, minimum=0, unit="a number of seconds", kind=float))
+    seconds = parse_number(raw, what, minimum=0, unit="a number of seconds", kind=float)
+    if seconds > MAX_TIMEOUT_S:
+        raise ValueError(f"{what}: expected a number of seconds > 0 and <= {MAX_TIMEOUT_S:g}, got {raw!r}")
+    return timedelta(seconds=seconds)
+
+
+#: the longest timeout a number of seconds may give: ``datetime.timedelta.max`` (about 2.7 million years)
+MAX_TIMEOUT_S = timedelta.max.total_seconds()
 
 
 def check_timeout(timeout: object, arg: str = "timeout", *, seconds: bool = False) -> timedelta:
@@ -200,8 +219,10 @@ def check_timeout(timeout: object, arg: str = "timeout", *, seconds: bool = Fals
         ``timeout`` as a timedelta.
     """
     if seconds and isinstance(timeout, int | float) and not isinstance(timeout, bool):
-        if not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"{arg} must be a positive number of seconds or timedelta, got {timeout!r}")
+        if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
+            raise ValueError(
+                f"{arg} must be a positive number of seconds (at most {MAX_TIMEOUT_S:g}) or timedelta, got {timeout!r}"
+            )
         timeout = timedelta(seconds=timeout)
     if not isinstance(timeout, timedelta):
         accepted = "a datetime.timedelta or a number of seconds" if seconds else "a datetime.timedelta"
@@ -228,19 +249,17 @@ def nccl_watchdog_enabled() -> bool:
 
 def debug_level() -> str:
     """``OFF``, ``INFO`` or ``DETAIL``."""
-    raw = os.environ.get("HPCDIST_DEBUG") or os.environ.get("TORCH_DISTRIBUTED_DEBUG") or "OFF"
-    level = raw.strip().upper()
+    name = "HPCDIST_DEBUG" if os.environ.get("HPCDIST_DEBUG", "").strip() else "TORCH_DISTRIBUTED_DEBUG"
+    raw = os.environ.get(name, "")
+    level = raw.strip().upper() or "OFF"
     if level not in ("OFF", "INFO", "DETAIL"):
-        raise ValueError(f"HPCDIST_DEBUG must be OFF, INFO or DETAIL, got {raw!r}")
+        raise ValueError(f"environment variable {name} must be OFF, INFO or DETAIL, got {raw!r}")
     return level
 
 
 def wait_mode() -> str:
     """``poll`` or ``block`` (``HPCDIST_WAIT``), read at init_process_group."""
-    raw = os.environ.get("HPCDIST_WAIT", DEFAULT_WAIT).strip().lower()
-    if raw not in ("poll", "block"):
-        raise ValueError(f"HPCDIST_WAIT must be 'poll' or 'block', got {raw!r}")
-    return raw
+    return _choice("HPCDIST_WAIT", ("block", "poll"), DEFAULT_WAIT)
 
 
 #: ``block``: blocking MPI calls are the fastest path (MPICH's non-blocking collectives run other algorithms:
@@ -251,10 +270,7 @@ DEFAULT_WAIT = "block"
 
 def object_unpickler() -> str:
     """``full`` or ``restricted``: what object collectives may unpickle."""
-    raw = os.environ.get("HPCDIST_OBJECT_UNPICKLER", "full").strip().lower()
-    if raw not in ("full", "restricted"):
-        raise ValueError(f"HPCDIST_OBJECT_UNPICKLER must be 'full' or 'restricted', got {raw!r}")
-    return raw
+    return _choice("HPCDIST_OBJECT_UNPICKLER", ("full", "restricted"), "full")
 
 
 #: entries per group when ``HPCDIST_FLIGHT_RECORDER`` is unset (torch's TORCH_NCCL_TRACE_BUFFER_SIZE is
@@ -286,12 +302,10 @@ DEFAULT_HIER_MIN_BYTES = 512 * 1024
 
 def hierarchical_min_bytes() -> int | None:
     """The smallest message for hierarchical collectives (``HPCDIST_HIER``/``HPCDIST_HIER_MIN_BYTES``); None: off."""
-    mode = os.environ.get("HPCDIST_HIER", "auto").strip().lower()
-    if mode not in ("auto", "1", "0"):
-        raise ValueError(f"HPCDIST_HIER must be 'auto', '1' or '0', got {mode!r}")
-    if mode == "0":
+    mode = _tristate("HPCDIST_HIER")
+    if mode == "off":
         return None
-    if mode == "1":
+    if mode == "on":
         return 0
     return _int_env("HPCDIST_HIER_MIN_BYTES", DEFAULT_HIER_MIN_BYTES, 0, "a number of bytes")
 
@@ -302,19 +316,26 @@ HIER_ALGOS = ("auto", "rails", "leaders")
 
 def hierarchical_algorithm() -> str:
     """How hierarchical collectives cross nodes (``HPCDIST_HIER_ALGO``): ``auto``, ``rails`` or ``leaders``."""
-    algo = os.environ.get("HPCDIST_HIER_ALGO", "auto").strip().lower() or "auto"
-    if algo not in HIER_ALGOS:
-        raise ValueError(f"HPCDIST_HIER_ALGO must be one of {', '.join(map(repr, HIER_ALGOS))}, got {algo!r}")
-    return algo
+    return _choice("HPCDIST_HIER_ALGO", HIER_ALGOS, "auto")
 
 
 def shm_mode() -> str:
     """``auto``, ``on`` or ``off`` (``HPCDIST_SHM``), read when a group's host engine is built."""
-    raw = os.environ.get("HPCDIST_SHM", "").strip().lower()
-    if raw in ("", "auto"):
+    return _tristate("HPCDIST_SHM")
+
+
+def _tristate(name: str) -> str:
+    """``auto`` (unset, empty or ``auto``), ``on`` (1/true/yes/on) or ``off`` (0/false/no/off): the knobs that
+    let a measurement decide by default (``HPCDIST_SHM``, ``HPCDIST_HIER``)."""
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if value in ("", "auto"):
         return "auto"
-    flag = env_flag("HPCDIST_SHM", None)
-    return "on" if flag else "off"
+    if value in _TRUE:
+        return "on"
+    if value in _FALSE:
+        return "off"
+    raise ValueError(f"environment variable {name} must be auto or one of 1/0/true/false/yes/no/on/off, got {raw!r}")
 
 
 def shm_direct() -> bool:
@@ -329,3 +350,48 @@ def shm_slot_bytes() -> int:
     if value % 64:
         raise ValueError(f"environment variable HPCDIST_SHM_SLOT must be a multiple of 64 bytes >= 64, got {value}")
     return value
+
+
+def _mpi_tune() -> bool:
+    return bool(env_flag("HPCDIST_MPI_TUNE", True))
+
+
+def _store_secret() -> bytes | None:
+    from .store._auth import resolve_secret  # the store's own checks (a file of mode 0600 that this user owns)
+
+    return resolve_secret(None)
+
+
+#: the reader of every knob whose value can be wrong (the others are free text: a path, a node name, a secret)
+READERS: dict[str, Any] = {
+    "HPCDIST_TIMEOUT": default_timeout,
+    "HPCDIST_ABORT_ON_EXCEPTION": abort_on_exception,
+    "HPCDIST_CUDA_AWARE": cuda_aware_override,
+    "HPCDIST_NCCL_WATCHDOG": nccl_watchdog_enabled,
+    "HPCDIST_DEBUG": debug_level,
+    "HPCDIST_OBJECT_UNPICKLER": object_unpickler,
+    "HPCDIST_WAIT": wait_mode,
+    "HPCDIST_FLIGHT_RECORDER": flight_recorder_size,
+    "HPCDIST_FLIGHT_DUMP": flight_dump_on_error,
+    "HPCDIST_HIER": hierarchical_min_bytes,
+    "HPCDIST_HIER_MIN_BYTES": hierarchical_min_bytes,
+    "HPCDIST_HIER_ALGO": hierarchical_algorithm,
+    "HPCDIST_SHM": shm_mode,
+    "HPCDIST_SHM_DIRECT": shm_direct,
+    "HPCDIST_SHM_SLOT": shm_slot_bytes,
+    "HPCDIST_MPI_TUNE": _mpi_tune,
+    "HPCDIST_STORE_SECRET_FILE": _store_secret,
+}
+
+
+def problems() -> dict[str, str]:
+    """Each knob of ``os.environ`` whose value its reader refuses -> the reader's message: what
+    ``init_process_group`` or the first collective would raise (``hpcdist info`` lists them first)."""
+    out: dict[str, str] = {}
+    for name, read in READERS.items():
+        try:
+            read()
+        except (ValueError, RuntimeError) as exc:  # RuntimeError: the store's DistStoreError
+            if str(exc) not in out.values():  # HPCDIST_HIER and _MIN_BYTES share a reader
+                out[name] = str(exc)
+    return out

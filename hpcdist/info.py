@@ -112,8 +112,12 @@ def _launcher(env: Mapping[str, str]) -> dict[str, Any]:
     if detect_launcher(env) is None:  # a launcher-free init_process_group would start MPI with these
         from hpcdist.rendezvous.mpi_env import _cpus, choose, embedded_mpich
 
-        chosen = choose(env, _cpus(), embedded_mpich(env))
-        out["launcher_free_mpi"] = " ".join(f"{k}={v}" for k, v in chosen.items()) or "none"
+        try:
+            chosen = choose(env, _cpus(), embedded_mpich(env))
+        except ValueError as exc:  # a garbled HPCDIST_MPI_TUNE: reported, as init_process_group would raise it
+            out["launcher_free_mpi"] = f"error: {exc}"
+        else:
+            out["launcher_free_mpi"] = " ".join(f"{k}={v}" for k, v in chosen.items()) or "none"
     return out
 
 
@@ -206,6 +210,14 @@ def _environment(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def _settings() -> dict[str, Any]:
+    """Every ``HPCDIST_*`` value of this process that hpcdist would refuse, with the error it would raise."""
+    from .config import problems
+
+    bad = problems()
+    return {"errors": bad} if bad else {"errors": "none: every HPCDIST_* variable set has a valid value"}
+
+
 def _shared_memory() -> dict[str, Any]:
     """The shared-memory engine's setting and the path each host collective takes (ranks on one node)."""
     from . import config
@@ -263,6 +275,7 @@ def collect(env: Mapping[str, str] | None = None, initialize_mpi: bool = False) 
         "gpu": {**_cuda_aware(), "torch": _torch(), "cupy": _cupy()},
         "packages": {name: _version(name) for name in ("numpy", "h5py", "matplotlib", "tqdm", "mpich")},
         "shared_memory": _shared_memory(),
+        "settings": _settings(),
         "environment": _environment(env),
     }
 

@@ -69,6 +69,39 @@ def test_bench_rejects_a_bad_size():
     assert r.returncode != 0 and "--sizes" in r.output
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--ranks", "5"], "--ranks: expected group sizes of at least 1 and at most the 2 ranks of this launch"),
+        (["--csv", "/nonexistent-dir/b.csv"], "--csv: expected a file in a writable directory"),
+        (["--plot", "/"], "--plot: expected a file to write, got the directory '/'"),
+    ],
+)
+def test_bench_refuses_what_needs_the_launch_before_measuring(args, message):
+    """Under mpiexec: the launch's size and rank 0's output paths are checked before the sweep, every rank exits
+    with status 2 and rank 0 says why once (they were found after the sweep, by a traceback and MPI_Abort)."""
+    cmd = [_mpiexec(), "-n", "2", sys.executable, "-m", "hpcdist", "bench", "--sizes", "4K", "--no-gloo", *args]
+    r = run_limited(cmd, env=_env(), limit=120)
+    assert not r.timed_out and r.returncode == 2, r.output
+    assert f"hpcdist bench: error: {message}" in r.stderr
+    assert "###" not in r.stdout and "Traceback" not in r.output
+
+
+def test_bench_rows_report_the_bytes_moved_at_three_ranks(tmp_path):
+    """all_gather of a requested 1 KiB at 3 ranks gathers 3 x 85 floats: the row says 1020 bytes, and its
+    bandwidths are computed from that."""
+    out_csv = tmp_path / "b.csv"
+    cmd = [_mpiexec(), "-n", "3", sys.executable, "-m", "hpcdist", "bench", "--ops", "all_gather_into_tensor"]
+    cmd += ["--sizes", "1K", "--rounds", "1", "--iters", "0.02", "--no-gloo", "--csv", str(out_csv)]
+    r = run_limited(cmd, env=_env(), limit=240)
+    assert not r.timed_out and r.returncode == 0, r.output
+    rows = list(csv.DictReader(out_csv.open()))
+    assert rows and {row["bytes"] for row in rows} == {"1020"}
+    for row in rows:
+        algbw = 1020 / (float(row["time_us"]) * 1e-6) / 1e9
+        assert float(row["algbw_GBps"]) == pytest.approx(algbw, rel=1e-9)
+
+
 def _env() -> dict[str, str]:
     import os
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from datetime import timedelta
@@ -316,14 +317,73 @@ def test_register_backend():
         ("HPCDIST_NCCL_WATCHDOG", "sometimes", "nccl_watchdog_enabled"),
         ("HPCDIST_HIER", "yes please", "hierarchical_min_bytes"),
         ("HPCDIST_HIER_ALGO", "ring", "hierarchical_algorithm"),
+        ("HPCDIST_SHM", "sometimes", "shm_mode"),
+        ("HPCDIST_DEBUG", "Verbose", "debug_level"),
     ],
 )
 def test_bad_knobs_name_themselves(monkeypatch, name, value, fn):
+    """The message names the variable and quotes the value as given (not lower-cased), and ``hpcdist info``'s
+    settings check reports the same message before any program runs."""
     from hpcdist import config
+    from hpcdist.info import collect
 
     monkeypatch.setenv(name, value)
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(ValueError, match=name) as info:
         getattr(config, fn)()
+    assert repr(value) in str(info.value)
+    assert str(info.value) in collect()["settings"]["errors"].values()
+
+
+@pytest.mark.parametrize(
+    ("name", "fn", "default"),
+    [
+        ("HPCDIST_WAIT", "wait_mode", "block"),
+        ("HPCDIST_OBJECT_UNPICKLER", "object_unpickler", "full"),
+        ("HPCDIST_HIER", "hierarchical_min_bytes", 512 * 1024),
+        ("HPCDIST_HIER_ALGO", "hierarchical_algorithm", "auto"),
+        ("HPCDIST_SHM", "shm_mode", "auto"),
+        ("HPCDIST_DEBUG", "debug_level", "OFF"),
+        ("HPCDIST_TIMEOUT", "default_timeout", timedelta(minutes=30)),
+    ],
+)
+def test_empty_knobs_are_unset(monkeypatch, name, fn, default):
+    """``NAME=`` (as a job script's ``export NAME=$UNSET_THING`` leaves it) means unset for every knob."""
+    from hpcdist import config
+
+    for var in ("HPCDIST_HIER_MIN_BYTES", "TORCH_DISTRIBUTED_DEBUG"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(name, "  ")
+    assert getattr(config, fn)() == default
+
+
+@pytest.mark.parametrize(("value", "want"), [("true", 0), ("ON", 0), ("no", None), ("Auto", 512 * 1024)])
+def test_hier_knob_takes_the_boolean_words_shm_takes(monkeypatch, value, want):
+    from hpcdist import config
+
+    monkeypatch.delenv("HPCDIST_HIER_MIN_BYTES", raising=False)
+    monkeypatch.setenv("HPCDIST_HIER", value)
+    assert config.hierarchical_min_bytes() == want
+
+
+def test_info_reports_every_refused_knob_and_survives_a_bad_mpi_tune(monkeypatch):
+    """A bad HPCDIST_MPI_TUNE made ``hpcdist info`` crash where no launcher was detected; now it, and every
+    other refused value, is listed under ``settings`` with the message the runtime would raise."""
+    from hpcdist import config
+    from hpcdist.info import collect
+
+    for var in list(os.environ):
+        if var.startswith(("HPCDIST_", "PMI_", "OMPI_", "SLURM_", "PMIX_", "MPI_LOCALNRANKS")):
+            monkeypatch.delenv(var)
+    assert collect()["settings"]["errors"].startswith("none")
+    bad = {"HPCDIST_MPI_TUNE": "maybe", "HPCDIST_WAIT": "spin", "HPCDIST_FLIGHT_RECORDER": "-3"}
+    for name, value in bad.items():
+        monkeypatch.setenv(name, value)
+    report = collect()
+    assert set(report["settings"]["errors"]) == set(bad)
+    assert report["launcher"]["launcher_free_mpi"].startswith("error: environment variable HPCDIST_MPI_TUNE")
+    assert report["settings"]["errors"]["HPCDIST_WAIT"] == "environment variable HPCDIST_WAIT must be one of " \
+        "'block', 'poll', got 'spin'"  # fmt: skip
+    assert config.problems() == report["settings"]["errors"]
 
 
 def test_hierarchical_algorithm_knob(monkeypatch):
@@ -360,6 +420,14 @@ def test_hierarchical_algorithm_knob(monkeypatch):
             "a number of seconds > 0, got 'inf'",
         ),
         (
+            "HPCDIST_TIMEOUT",
+            "default_timeout",
+            "8.6e13",
+            timedelta(seconds=8.6e13),
+            "1e15",  # beyond datetime.timedelta.max: it raised a bare OverflowError
+            "a number of seconds > 0 and <= 8.64e+13, got '1e15'",
+        ),
+        (
             "HPCDIST_FLIGHT_RECORDER",
             "flight_recorder_size",
             " 16 ",
@@ -391,8 +459,19 @@ def test_numeric_knobs_share_one_parser(monkeypatch, name, fn, good, want, bad, 
         ("30", True, TypeError, "t must be a datetime.timedelta or a number of seconds, got str ('30')"),
         (True, True, TypeError, "t must be a datetime.timedelta or a number of seconds, got bool (True)"),
         (timedelta(0), False, ValueError, "t must be a positive timedelta, got datetime.timedelta(0)"),
-        (-1.0, True, ValueError, "t must be a positive number of seconds or timedelta, got -1.0"),
-        (float("nan"), True, ValueError, "t must be a positive number of seconds or timedelta, got nan"),
+        (-1.0, True, ValueError, "t must be a positive number of seconds (at most 8.64e+13) or timedelta, got -1.0"),
+        (
+            float("nan"),
+            True,
+            ValueError,
+            "t must be a positive number of seconds (at most 8.64e+13) or timedelta, got nan",
+        ),
+        (
+            1e15,
+            True,
+            ValueError,
+            "t must be a positive number of seconds (at most 8.64e+13) or timedelta, got 1000000000000000.0",
+        ),
         (
             timedelta(seconds=-1),
             True,
