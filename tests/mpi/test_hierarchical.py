@@ -193,3 +193,27 @@ def test_broadcast_all_gather_reduce_scatter(hier_groups, layout, algo, dtype):
         stack = np.stack([values(r, m * n, dtype, salt=8) for r in range(n)])
         want = cast(np.asarray(_ref("SUM", stack, dtype, n)), dtype)[me * m : (me + 1) * m]
         assert np.array_equal(to_np(out), want), (m, to_np(out)[:4], want[:4])  # small integers: exact in any dtype
+
+
+@pytest.mark.parametrize(("layout", "algo"), CASES)
+def test_sizes_that_differ_across_nodes_are_caught_by_detail_mode(hier_groups, layout, algo):
+    """The last rank (alone on its node in 2+1 and 3+1) passes half the items: no rank's hierarchical path can
+    notice (each leader splits by its own count: wrong results everywhere, docs/sharp-bits.md), so DETAIL mode
+    is what catches it — on every rank, before any data moves, and the group stays usable."""
+    from hpcdist.debug import DebugLevel, get_debug_level, set_debug_level
+    from hpcdist.errors import DistError
+
+    g = hier_groups[layout, algo]
+    n, me = dist.get_world_size(), dist.get_rank()
+    before = get_debug_level()
+    set_debug_level(DebugLevel.DETAIL)
+    try:
+        x = values(me, BIG // 2 if me == n - 1 else BIG, "float64")
+        with pytest.raises(DistError, match=rf"collective mismatch.*global rank {n - 1}: all_reduce\(float64, SUM, "
+                           rf"shape \({BIG // 2},\)\)"):  # fmt: skip
+            dist.all_reduce(x, group=g)
+    finally:
+        set_debug_level(before)
+    y = values(me, BIG, "float64")
+    dist.all_reduce(y, group=g)
+    assert np.array_equal(y, sum(values(r, BIG, "float64") for r in range(n)))
