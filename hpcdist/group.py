@@ -474,8 +474,9 @@ def new_subgroups(
     arguments.
 
     Args:
-        group_size: ranks per subgroup, dividing the parent's size (default: the number of the
-            parent's ranks on this node).
+        group_size: ranks per subgroup, dividing the parent's size (default: the parent's ranks per
+            node, as torch takes the GPUs per node: one group per node where ranks are placed node by
+            node; ValueError on every rank where nodes hold different numbers of them).
         group: the parent group (None: the default group).
         timeout: the new group's timeout of every blocking operation (default: ``HPCDIST_TIMEOUT``, 30 min).
         backend: the new group's backend or device map (default: the default group's).
@@ -490,10 +491,8 @@ def new_subgroups(
     if parent is None:
         raise ValueError("new_subgroups: this rank is not a member of the parent group")
     tmo = _check_timeout(timeout)
-    if group_size is None:  # the parent's ranks on this node (hpcdist.topology: right without a launcher too)
-        from .topology import local_rank_size, node_of_ranks
-
-        group_size = local_rank_size(node_of_ranks(_WORLD.node_of, parent._ranks), parent._rank)[1]
+    if group_size is None:
+        group_size = _ranks_per_node(parent)
     if isinstance(group_size, bool) or not isinstance(group_size, int):
         raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
     n = parent.size()
@@ -503,6 +502,28 @@ def new_subgroups(
         raise ValueError(f"group_size={group_size} must divide the parent group's size {n}")
     lists = [parent._ranks[i : i + group_size] for i in range(0, n, group_size)]
     return _split_many(parent, lists, tmo, backend, group_desc, "new_subgroups")
+
+
+def _ranks_per_node(parent: ProcessGroup) -> int:
+    """``new_subgroups``' default size: the parent's ranks per node (torch: the GPUs per node), taken in blocks of
+    consecutive ranks as torch does (node-local where ranks are placed node by node). Nodes holding different
+    numbers of the parent's ranks: ValueError. The same answer on every rank, from the world's node layout
+    (known since init, right without a launcher too): no message, so no rank waits for one that raised."""
+    from .topology import node_of_ranks
+
+    nodes = node_of_ranks(_WORLD.node_of, parent._ranks)
+    per_node = sorted({nodes.count(j) for j in set(nodes)})
+    if len(per_node) == 1:
+        return per_node[0]
+    raise ValueError(
+        f"new_subgroups(group_size=None) takes the parent's ranks per node as the size, but its nodes hold "
+        f"{per_node[0]} to {per_node[-1]} of them (node of each rank: {_brief(nodes)}); pass group_size=, or "
+        "new_subgroups_by_enumeration() with each node's ranks"
+    )
+
+
+def _brief(items: list[int], most: int = 16) -> str:
+    return " ".join(map(str, items[:most])) + (f" ... ({len(items)} ranks)" if len(items) > most else "")
 
 
 def new_subgroups_by_enumeration(

@@ -87,7 +87,8 @@ def empty(*size: Any, dtype: Any = np.float32, group: Any = None) -> np.ndarray 
     if not one_node(pg):
         raise ValueError(
             f"symmetric memory needs every rank of the group on one node; group {pg.group_name!r} spans nodes "
-            "(make a group of this node's ranks: hpcdist.new_subgroups() or a DeviceMesh's node dimension)"
+            "(make a group of this node's ranks: hpcdist.new_subgroups() where ranks are placed node by node, "
+            "else hpcdist.new_subgroups_by_enumeration() with each node's ranks)"
         )
     return symmetric.allocate(pg, shape, dt)
 

@@ -53,6 +53,44 @@ def test_new_subgroups():
         dist.all_reduce(x, group=cur)
 
 
+#: pretend node layouts (node of each world rank) -> new_subgroups()' default size, or None: refused
+DEFAULT_SIZE_LAYOUTS = {
+    1: [([0], 1)],
+    2: [([0, 0], 2), ([0, 1], 1)],
+    3: [([0, 0, 0], 3), ([0, 1, 2], 1), ([0, 0, 1], None)],
+    4: [([0, 0, 1, 1], 2), ([1, 1, 0, 0], 2), ([0, 1, 0, 1], 2), ([0, 0, 0, 1], None), ([0, 1, 2, 3], 1)],
+}
+
+
+def test_new_subgroups_default_is_the_ranks_per_node_or_refused_on_every_rank():
+    """The default size is the ranks per node, in blocks of consecutive ranks as torch's (node-local where ranks
+    are placed node by node; interleaved, they span nodes, as torch's do). Nodes of unequal sizes made the ranks
+    disagree on the size (some raised, one waited for the timeout): now every rank raises the same ValueError,
+    before any message moves."""
+    from hpcdist._world import WORLD
+
+    real = WORLD.node_of
+    try:
+        for layout, want in DEFAULT_SIZE_LAYOUTS[n()]:
+            WORLD.node_of = list(layout)
+            if want is None:
+                with pytest.raises(ValueError, match=r"new_subgroups\(group_size=None\) takes the parent's ranks per"):
+                    dist.new_subgroups()
+                continue
+            cur, subs = dist.new_subgroups()
+            ranks = dist.get_process_group_ranks(cur)
+            assert len(subs) == n() // want and len(ranks) == want, layout
+            assert ranks == list(range(me() // want * want, me() // want * want + want))  # consecutive, as torch's
+            if layout == sorted(layout) or layout == sorted(layout, reverse=True):  # placed node by node
+                assert {layout[r] for r in ranks} == {layout[me()]}, layout
+            for s in subs:
+                if s is not dist.GroupMember.NON_GROUP_MEMBER:
+                    dist.destroy_process_group(s)
+    finally:
+        WORLD.node_of = real
+    dist.barrier()  # every rank went through the same cases, none is left inside one
+
+
 def test_new_subgroups_by_enumeration():
     lists = [list(range(n() - 1, -1, -2)), list(range(n() - 2, -1, -2))]
     lists = [lst for lst in lists if lst]
