@@ -771,7 +771,11 @@ def barrier(
         check_collective(pg, f"barrier(){_async_part(pg, async_op or timeout is not None)}")
     fr = pg._flight
     entry = None if fr is None else fr.coll("barrier", None, 0, -1)
-    work = pg.barrier_engine().barrier(sync=not async_op and timeout is None)
+    eng = pg.barrier_engine()
+    if timeout is None:
+        work = eng.barrier(sync=not async_op)
+    else:  # the engine's own bound where it waits inside the call (shared memory); else Work.wait's below
+        work = eng.barrier(sync=False, timeout_s=timeout.total_seconds())
     if async_op:
         if entry is not None and work is not None:
             attach(entry, work)

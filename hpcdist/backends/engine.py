@@ -74,8 +74,12 @@ class Engine(ABC):
     # -- collectives -----------------------------------------------------------------
 
     @abstractmethod
-    def barrier(self, sync: bool = False) -> Work | None:
-        """Every rank of the group enters before any leaves."""
+    def barrier(self, sync: bool = False, timeout_s: float | None = None) -> Work | None:
+        """Every rank of the group enters before any leaves.
+
+        ``timeout_s``: ``barrier(timeout=...)``'s own timeout, for an engine that waits inside this call (the
+        shared-memory one); an engine that returns a pending Work leaves it to ``Work.wait(timeout)``.
+        """
 
     @abstractmethod
     def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work | None:

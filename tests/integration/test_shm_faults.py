@@ -272,3 +272,30 @@ say("SUM", x[0])
         for p in (left, live):
             if os.path.exists(p):
                 os.unlink(p)
+
+
+@pytest.mark.parametrize("wait", ["block", "poll"])
+def test_barrier_timeout_bounds_the_shared_memory_barrier(tmp_path, wait):
+    """``barrier(timeout=2s)`` on a group whose timeout is 60 s: the shared-memory barrier waited the group's
+    timeout (30 minutes by default) instead of its own; now rank 0 gets DistTimeoutError naming 2 s."""
+    script = (
+        PRELUDE
+        + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=60))
+dist.barrier()                         # the segment is set up by both ranks
+if dist.get_rank() == 0:
+    t0 = time.monotonic()
+    try:
+        dist.barrier(timeout=timedelta(seconds=2))   # rank 1 never comes
+    except dist.DistTimeoutError as e:
+        say(f"TIMEOUT after {time.monotonic() - t0:.1f}s: {e}")
+    os._exit(0)
+else:
+    time.sleep(15)
+    os._exit(0)
+"""
+    )
+    r = run_mpi(2, script, tmp_path, env={"HPCDIST_SHM": "1", "HPCDIST_WAIT": wait}, limit=90)
+    assert not r.timed_out, r.output
+    assert "TIMEOUT after" in r.stdout and "barrier" in r.stdout and "within 2s" in r.stdout, r.output
+    assert 1.9 <= float(r.stdout.split("TIMEOUT after ")[1].split("s")[0]) < 14  # its own bound, not the group's

@@ -71,8 +71,8 @@ class CudaAwareEngine(Engine):
 
     # -- operations the host engine runs unchanged on device pointers ------------
 
-    def barrier(self, sync: bool = False) -> Work | None:
-        return self.host.barrier(sync=False)
+    def barrier(self, sync: bool = False, timeout_s: float | None = None) -> Work | None:
+        return self.host.barrier(sync=False, timeout_s=timeout_s)
 
     def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work:
         streams = self._begin([buf], "broadcast")

@@ -173,7 +173,7 @@ class MPIEngine(Engine):
 
     # -- collectives ---------------------------------------------------------
 
-    def barrier(self, sync: bool = False) -> Work | None:
+    def barrier(self, sync: bool = False, timeout_s: float | None = None) -> Work | None:
         return self._run("Barrier", (), sync=sync, name="barrier")
 
     def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work | None:

@@ -281,14 +281,14 @@ class NCCLEngine(Engine):
 
     # -- barrier: MPI --------------------------------------------------------------
 
-    def barrier(self, sync: bool = False) -> Any:
+    def barrier(self, sync: bool = False, timeout_s: float | None = None) -> Any:
         """An MPI barrier after this rank's queued GPU work finished (torch's NCCL barrier blocks the host too)."""
         require_cupy("barrier on an NCCL group").cuda.Device().synchronize()  # every stream of this GPU
         if self._host is None:
             from ..mpi import MPIEngine
 
             self._host = MPIEngine(self.pg, "cpu")
-        return self._host.barrier(sync=sync)
+        return self._host.barrier(sync=sync, timeout_s=timeout_s)
 
     # -- collectives -------------------------------------------------------------
 

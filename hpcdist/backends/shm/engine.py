@@ -190,10 +190,12 @@ class ShmEngine(MPIEngine):
 
     # -- collectives ---------------------------------------------------------
 
-    def barrier(self, sync: bool = False) -> Work | None:
+    def barrier(self, sync: bool = False, timeout_s: float | None = None) -> Work | None:
         seg = self._use("barrier", 0)
         if seg is None:
             return super().barrier(sync)
+        if timeout_s is not None:  # barrier(timeout=...): this wait's own bound (it was the group's)
+            seg.timeout_s = timeout_s
         seg.sync()
         return self._done(sync, "barrier", None)
 

@@ -163,8 +163,8 @@ class StagedEngine(Engine):
 
     # -- operations ----------------------------------------------------------
 
-    def barrier(self, sync: bool = False) -> Work | None:
-        return self.host.barrier(sync=False)
+    def barrier(self, sync: bool = False, timeout_s: float | None = None) -> Work | None:
+        return self.host.barrier(sync=False, timeout_s=timeout_s)
 
     def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work | None:
         me = self._is_root(root)
