@@ -292,6 +292,52 @@ def test_all_to_all_single_even_and_uneven(sgroup, scale, dtype):
     assert np.array_equal(even_out, np.concatenate([np.full(scale, 100 * s + i, dtype=dtype) for s in range(n)]))
 
 
+def test_all_to_all_single_split_sizes_that_disagree_raise_on_every_rank(sgroup):
+    """The last rank expects one item more from the first than it sends: every rank raises DistError naming the
+    pair (the shared-memory path wrote the wrong items silently; MPI truncates on one rank), and the group goes
+    on working."""
+    from hpcdist.errors import DistError
+
+    g, members = sgroup
+    if len(members) < 2:
+        return
+    n, i = len(members), members.index(me())
+    sends = [2] * n
+    recvs = [2] * n
+    if i == n - 1:
+        recvs[0] = 3
+    out = np.full(sum(recvs), -1.0)
+    with pytest.raises(DistError, match=rf"group rank {n - 1} expects 3 items from group rank 0 .* sends it 2"):
+        dist.all_to_all_single(out, np.arange(2.0 * n) + 100 * i, recvs, sends, group=g)
+    ok = np.empty(2 * n)
+    dist.all_to_all_single(ok, np.arange(2.0 * n) + 100 * i, group=g)
+    assert np.array_equal(ok, np.concatenate([np.arange(2.0 * i, 2.0 * i + 2) + 100 * s for s in range(n)]))
+
+
+def test_detail_mode_refuses_arrays_that_share_memory_in_one_coalesced_call(sgroup):
+    """An array listed twice (or overlapping views) would be reduced twice on the shared-memory path, which copies
+    results back while it still reads later chunks: DETAIL mode refuses it on every rank, before the operation
+    begins on the segment (the group goes on working); distinct arrays pass."""
+    from hpcdist.debug import DebugLevel, get_debug_level, set_debug_level
+
+    g, members = sgroup
+    if len(members) < 2:
+        return
+    before = get_debug_level()
+    set_debug_level(DebugLevel.DETAIL)
+    try:
+        x = np.ones(500)
+        base = np.ones(1000)
+        for arrays, pair in (([x, np.ones(3), x], "tensors\\[0\\] and tensors\\[2\\]"), ([base[:600], base[400:]], "")):
+            with pytest.raises(ValueError, match=f"{pair}.*share memory"):
+                dist.all_reduce_coalesced(arrays, group=g)
+        a, b = np.ones(500), np.full(300, 2.0)
+        dist.all_reduce_coalesced([a, b, base[:400], base[600:]], group=g)
+        assert np.all(a == len(members)) and np.all(b == 2 * len(members)) and np.all(base[:400] == len(members))
+    finally:
+        set_debug_level(before)
+
+
 def test_direct_reads_are_agreed_one_rank_without_them_turns_them_off_everywhere():
     """The last rank sets HPCDIST_SHM_DIRECT=0: the probe answers no on every rank (ranks taking different
     algorithms would deadlock or exchange garbage), and the collectives still give the right answers."""

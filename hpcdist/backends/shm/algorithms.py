@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ...buffers.reduction import f32_to_bf16_bits, premultiply, scale_average
+from ...errors import DistError
 from .segment import Segment
 
 __all__ = [
@@ -413,6 +414,19 @@ def reduce_scatter(
     _two_stage(seg, -(-total // k), write, read)
 
 
+def _check_splits(sends: np.ndarray, recvs: np.ndarray) -> None:
+    """DistError on every rank (all hold both matrices) where a rank expects another number of items from a peer
+    than the peer sends it: MPI would truncate or leave part of the output unwritten."""
+    bad = np.argwhere(recvs != sends.T)  # [receiver, sender]
+    if bad.size:
+        dst, src = (int(v) for v in bad[0])
+        raise DistError(
+            f"all_to_all_single: the ranks' split sizes disagree: group rank {dst} expects {int(recvs[dst, src])} "
+            f"items from group rank {src} (its output_split_sizes), which sends it {int(sends[src, dst])} (its "
+            f"input_split_sizes); {len(bad)} pair(s) disagree"
+        )
+
+
 def all_to_all(
     seg: Segment, src: np.ndarray, scounts: list[int], dst: np.ndarray, rcounts: list[int], window: tuple[int, int]
 ) -> bool:
@@ -428,9 +442,12 @@ def all_to_all(
     n, me = seg.size, seg.rank
     dt = src.dtype
     set_ = seg.set_of(seg.step)
-    seg.slot(set_, me, np.int64, n)[:] = scounts
+    posted = seg.slot(set_, me, np.int64, 2 * n)  # a slot holds 16 bytes per rank at least (ShmEngine)
+    posted[:n], posted[n:] = scounts, rcounts
     seg.sync()
-    matrix = np.stack([seg.slot(set_, r, np.int64, n).copy() for r in range(n)])  # [sender, receiver]
+    both = np.stack([seg.slot(set_, r, np.int64, 2 * n).copy() for r in range(n)])
+    matrix = both[:, :n]  # [sender, receiver]
+    _check_splits(matrix, both[:, n:])
     totals = matrix.sum(axis=1)
     if not window[0] <= int(totals.max()) * dt.itemsize < window[1]:
         return False
