@@ -24,7 +24,7 @@ from .debug import set_debug_level_from_env
 from .group import GroupMember, ProcessGroup, _check_timeout, destroy_group, resolve_group
 from .rendezvous import export_torchrun_env, group_store, join_world
 from .rendezvous.fields import check_rank_world_types
-from .topology import node_layout
+from .topology import node_layout_and_cpus
 
 __all__ = [
     "destroy_process_group",
@@ -108,7 +108,7 @@ def init_process_group(
     WORLD.store = group_store
     WORLD.store_owned = store is None
     WORLD.joined_comm = joined.comm
-    WORLD.node_of = node_layout(comm, tmo.total_seconds())
+    WORLD.node_of, WORLD.node_cpus = node_layout_and_cpus(comm, tmo.total_seconds())
     export_torchrun_env(comm, comm.Get_rank(), n, store=group_store, timeout=tmo, node_of=WORLD.node_of)
     if joined.launcher is None and n > 1:  # no launcher ends the job when a rank dies: notice it ourselves
         WORLD.liveness = _liveness(group_store, comm.Get_rank(), n, tmo)

@@ -28,6 +28,7 @@ class World:
         self.device_id: Any = None
         self.liveness: Any = None  # rendezvous.liveness.Liveness of a launcher-free world
         self.node_of: list[int] = []  # node index of every world rank (hpcdist.topology.node_layout)
+        self.node_cpus: list[int] = []  # CPUs of every world rank's node (hpcdist.topology.node_layout_and_cpus)
 
     def next_name(self) -> str:
         name = str(self.pg_count)

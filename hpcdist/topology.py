@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["local_rank_size", "node_identity", "node_layout", "node_of_ranks", "split_shared"]
+__all__ = ["local_rank_size", "node_identity", "node_layout", "node_layout_and_cpus", "node_of_ranks", "split_shared"]
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
@@ -68,19 +68,56 @@ def node_layout(comm: Any, timeout_s: float | None = None, what: str = "init_pro
     SPMD: collective over ``comm`` (one ``Allgather`` of 8 bytes per rank);
     with ``timeout_s``, polled and raising DistTimeoutError naming ``what`` when a rank never comes.
     """
-    mine = np.array([_key(node_identity())], dtype=np.int64)
+    return _numbered(_gather_words(comm, [_key(node_identity())], timeout_s, what)[:, 0])
+
+
+def node_layout_and_cpus(
+    comm: Any, timeout_s: float | None = None, what: str = "init_process_group (node layout)"
+) -> tuple[list[int], list[int]]:
+    """:func:`node_layout`, and for every rank the CPUs that the ranks of ``comm`` on its node may run on.
+
+    A node's CPUs are the union of its ranks' affinity sets, counted as the sum over distinct sets (exact
+    where sets are identical, unbound ranks, or disjoint, ranks bound to their own cores). Every rank gets the
+    same answer (one ``Allgather`` of 24 bytes per rank), so what depends on it (the shared-memory engine's
+    oversubscribed table) is decided alike everywhere: a rank pinned to fewer CPUs than its peers must not
+    pick another path than theirs.
+    """
+    cpus = _affinity()
+    fingerprint = int.from_bytes(hashlib.blake2b(repr(cpus).encode(), digest_size=8).digest(), "little", signed=True)
+    words = _gather_words(comm, [_key(node_identity()), len(cpus), fingerprint], timeout_s, what)
+    layout = _numbered(words[:, 0])
+    per_node: list[dict[int, int]] = [{} for _ in range(max(layout) + 1)]
+    for node, (_, count, fp) in zip(layout, words.tolist(), strict=True):
+        per_node[node][fp] = count
+    return layout, [sum(per_node[node].values()) for node in layout]
+
+
+def _affinity() -> tuple[int, ...]:
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return tuple(range(os.cpu_count() or 1))
+
+
+def _gather_words(comm: Any, words: list[int], timeout_s: float | None, what: str) -> np.ndarray:
+    """Every rank's ``words`` (int64, the same number on every rank), one row per rank of ``comm``."""
+    mine = np.array(words, dtype=np.int64)
     if comm.Get_size() == 1:
-        return [0]
+        return mine.reshape(1, -1)
     from mpi4py import MPI
 
-    keys = np.empty(comm.Get_size(), dtype=np.int64)
+    out = np.empty((comm.Get_size(), len(words)), dtype=np.int64)
     if timeout_s is None:
-        comm.Allgather([mine, MPI.INT64_T], [keys, MPI.INT64_T])
+        comm.Allgather([mine, MPI.INT64_T], [out, MPI.INT64_T])
     else:
         from ._timed import INIT_HINT, wait_or_raise
 
-        req = comm.Iallgather([mine, MPI.INT64_T], [keys, MPI.INT64_T])
+        req = comm.Iallgather([mine, MPI.INT64_T], [out, MPI.INT64_T])
         wait_or_raise(comm, [req], timeout_s, what, INIT_HINT)
+    return out
+
+
+def _numbered(keys: np.ndarray) -> list[int]:
     index: dict[int, int] = {}
     return [index.setdefault(int(k), len(index)) for k in keys]
 

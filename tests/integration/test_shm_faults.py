@@ -299,3 +299,40 @@ else:
     assert not r.timed_out, r.output
     assert "TIMEOUT after" in r.stdout and "barrier" in r.stdout and "within 2s" in r.stdout, r.output
     assert 1.9 <= float(r.stdout.split("TIMEOUT after ")[1].split("s")[0]) < 14  # its own bound, not the group's
+
+
+def test_ranks_pinned_to_different_cpus_take_the_same_path(tmp_path):
+    """Rank 0 pinned to one CPU, rank 1 free: each rank judged the node oversubscribed from its own affinity, so
+    rank 0 took shared memory for an 8 KiB all_reduce and rank 1 MPI, and both waited for the other until the
+    timeout. The node's CPUs now come from init's layout exchange: one answer on every rank."""
+    import os
+    import shutil
+    import sys
+
+    from mpirun import run_limited
+
+    if shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs taskset and two CPUs to pin one rank to one of them")
+    script = tmp_path / "pinned.py"
+    script.write_text(
+        PRELUDE
+        + """
+from hpcdist._world import WORLD
+dist.init_process_group("mpi", timeout=timedelta(seconds=10))
+x = np.full(2048, dist.get_rank() + 1.0, np.float32)   # 8 KiB: MPI's size unless the node is oversubscribed
+dist.all_reduce(x)
+eng = dist.group.WORLD.engine("cpu")
+say("RESULT", dist.get_rank(), x[0], x[-1], len(os.sched_getaffinity(0)), WORLD.node_cpus, eng.path("all_reduce", 8192))
+dist.destroy_process_group()
+"""
+    )
+    mpiexec = shutil.which("mpiexec") or "mpiexec"
+    cmd = [mpiexec, "-n", "1", "taskset", "-c", "0", sys.executable, str(script)]
+    cmd += [":", "-n", "1", sys.executable, str(script)]
+    env = {k: v for k, v in os.environ.items() if k not in ("HPCDIST_SHM", "HPCDIST_WAIT")}
+    r = run_limited(cmd, env=env, limit=90)
+    assert not r.timed_out and r.returncode == 0, r.output
+    lines = sorted(line.split() for line in r.stdout.splitlines() if line.startswith("RESULT"))
+    assert [ln[1:4] for ln in lines] == [["0", "3.0", "3.0"], ["1", "3.0", "3.0"]], r.output
+    assert lines[0][4] == "1" and lines[1][4] != "1", r.output  # rank 0 was pinned, rank 1 was not
+    assert lines[0][5:] == lines[1][5:], r.output  # the same node CPUs and path on both ranks

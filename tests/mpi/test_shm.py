@@ -352,3 +352,20 @@ def test_direct_reads_are_agreed_one_rank_without_them_turns_them_off_everywhere
     if n > 1:
         assert isinstance(eng, ShmEngine) and eng.direct_allowed == (me() != n - 1)
         assert eng.reads_directly is False
+
+
+def test_node_cpus_is_the_union_of_its_ranks_affinity_and_the_same_everywhere():
+    """init's layout exchange gives every rank its node's CPUs (the union of the node's ranks' affinity sets;
+    here they are identical or disjoint, where the count is exact), the same on every rank: the oversubscribed
+    table is then chosen alike on every rank."""
+    from mpi4py import MPI
+
+    from hpcdist._world import WORLD
+
+    mine = (WORLD.node_of[me()], sorted(os.sched_getaffinity(0)))
+    everyone = MPI.COMM_WORLD.allgather(mine)
+    sets = [set(cpus) for node, cpus in everyone if node == mine[0]]
+    if not all(a == b or not a & b for a in sets for b in sets):
+        pytest.skip("the node's ranks have partly overlapping affinity sets: the count is an estimate there")
+    assert WORLD.node_cpus[me()] == len(set().union(*sets))
+    assert MPI.COMM_WORLD.allgather(WORLD.node_cpus) == [WORLD.node_cpus] * dist.get_world_size()

@@ -35,7 +35,6 @@ group's segment is unusable afterwards.
 
 from __future__ import annotations
 
-import os
 from itertools import pairwise
 from typing import Any
 
@@ -77,17 +76,14 @@ def host_engine(pg: Any, device_type: str = "cpu") -> MPIEngine:
 
 
 def oversubscribed_node() -> bool:
-    """Whether more ranks of this job share this node than it has CPUs (from the node layout of init)."""
-    node_of = WORLD.node_of
+    """Whether more ranks of this job share this node than its ranks may run on CPUs (from the node layout of init:
+    the same answer on every rank of the node, whatever each one's own affinity)."""
+    node_of, cpus = WORLD.node_of, WORLD.node_cpus
     pg = WORLD.default_pg
-    if not node_of or pg is None:
+    if not node_of or pg is None or len(cpus) != len(node_of):
         return False
     mine = node_of[pg._rank]
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        cpus = os.cpu_count() or 1
-    return sum(1 for n in node_of if n == mine) > cpus
+    return sum(1 for n in node_of if n == mine) > cpus[pg._rank]
 
 
 def refuse_overlap(arrays: list[Any]) -> None:
