@@ -39,14 +39,38 @@ def test_oversubscription_is_ranks_on_this_node_against_its_cpus(monkeypatch):
     class _PG:
         _rank = 1
 
-    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(WORLD, "default_pg", _PG())
+    monkeypatch.setattr(WORLD, "node_cpus", [2, 2, 2, 2])  # what init's layout exchange found
     monkeypatch.setattr(WORLD, "node_of", [0, 0, 0, 1])  # rank 1 shares node 0 with two others
     assert engine.oversubscribed_node()
     monkeypatch.setattr(WORLD, "node_of", [0, 0, 1, 1])
     assert not engine.oversubscribed_node()
+    monkeypatch.setattr(WORLD, "node_cpus", [1, 1, 2, 2])  # node 0's ranks may run on one CPU
+    assert engine.oversubscribed_node()
     monkeypatch.setattr(WORLD, "node_of", [])  # not initialised: no layout
     assert not engine.oversubscribed_node()
+
+
+def test_node_cpus_count_identical_sets_once_and_disjoint_ones_each(monkeypatch):
+    """The union of a node's affinity sets from (count, fingerprint) pairs: ranks sharing one set count it once,
+    ranks bound to their own CPUs add up; nodes are counted apart."""
+    import numpy as np
+
+    from hpcdist import topology
+
+    class _Comm:
+        def Get_size(self):
+            return 1
+
+    rows = {
+        "same": [[7, 4, 11], [7, 4, 11], [9, 2, 5], [9, 2, 5]],  # two nodes of unbound ranks
+        "bound": [[7, 1, 1], [7, 1, 2], [7, 1, 3], [9, 8, 4]],  # node 7: three ranks on a core each
+    }
+    for name, want in (("same", [4, 4, 2, 2]), ("bound", [3, 3, 3, 8])):
+        monkeypatch.setattr(topology, "_gather_words", lambda *a, rows=rows[name]: np.array(rows))
+        layout, cpus = topology.node_layout_and_cpus(_Comm())
+        assert cpus == want, name
+        assert layout == ([0, 0, 1, 1] if name == "same" else [0, 0, 0, 1])
 
 
 def test_table_rows_are_well_formed():
