@@ -369,3 +369,28 @@ def test_node_cpus_is_the_union_of_its_ranks_affinity_and_the_same_everywhere():
         pytest.skip("the node's ranks have partly overlapping affinity sets: the count is an estimate there")
     assert WORLD.node_cpus[me()] == len(set().union(*sets))
     assert MPI.COMM_WORLD.allgather(WORLD.node_cpus) == [WORLD.node_cpus] * dist.get_world_size()
+
+
+def test_slot_sizes_that_differ_between_ranks_raise_on_every_rank():
+    """HPCDIST_SHM_SLOT is read by each rank: where they differ, the ranks laid the segment out differently (wrong
+    sums on one rank, a timeout or a bare mmap ValueError on another, a file left in /dev/shm). Now every rank
+    raises the same DistError at setup, naming the variable, and no file is left."""
+    import glob
+
+    from hpcdist.errors import DistError
+
+    if dist.get_world_size() < 2:
+        pytest.skip("needs two ranks")
+    with knobs_set({"HPCDIST_SHM": "1", "HPCDIST_SHM_SLOT": "64" if me() == 0 else "128"}):
+        g = dist.new_group()
+        g.engine("cpu")
+    try:
+        x = np.ones(1000)
+        for _ in range(2):  # the setup is tried again by the next call, and fails alike
+            with pytest.raises(DistError, match=r"the ranks disagree on its size .*HPCDIST_SHM_SLOT"):
+                dist.all_reduce(x, group=g)
+        assert np.all(x == 1.0)
+    finally:
+        dist.destroy_process_group(g)
+    dist.barrier()
+    assert not [p for p in glob.glob("/dev/shm/hpcdist-*") if f"-{os.getpid()}-" in p]

@@ -343,6 +343,9 @@ class Segment:
             pass
 
 
+_DISAGREE = "the ranks disagree on its size"
+
+
 def _map_shared(
     comm: Any, total: int, timeout_s: float, what: str, hint: str = "set HPCDIST_SHM=0 to use MPI instead, or "
 ) -> tuple[mmap.mmap, str]:
@@ -358,21 +361,29 @@ def _map_shared(
         except OSError as e:
             err = f"cannot create a {total}-byte shared-memory file in {_SHM_DIR}: {e}"
     try:
-        path, err = timed_bcast_json(comm, [path, err], 0, timeout_s, f"{what} (shared-memory setup)", _HINT)
+        path, err, made = timed_bcast_json(
+            comm, [path, err, total], 0, timeout_s, f"{what} (shared-memory setup)", _HINT
+        )
         m: mmap.mmap | None = None
-        if not err:
+        if not err and made != total:  # every rank must lay the file out alike, or it reads the others' bytes amiss
+            err = (
+                f"rank {me} needs a {total}-byte shared-memory file where rank 0 made {made} bytes: {_DISAGREE} "
+                "(HPCDIST_SHM_SLOT, or a symmetric allocation's shape, must be the same on every rank)"
+            )
+        elif not err:
             try:
                 if fd < 0:
                     fd = os.open(path, os.O_RDWR)
                 m = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            except OSError as e:
+            except (OSError, ValueError) as e:  # ValueError: a file shorter than asked
                 err = f"rank {me} cannot map the shared-memory file {path}: {e}"
         errs = timed_allgather_json(comm, err, timeout_s, f"{what} (shared-memory setup)", _HINT)
         bad = [e for e in errs if e]
         if bad:
             if m is not None:
                 m.close()
-            raise DistError(f"{what}: {bad[0]}; {hint}make room in {_SHM_DIR}")
+            advice = "" if _DISAGREE in bad[0] else f"; {hint}make room in {_SHM_DIR}"
+            raise DistError(f"{what}: {bad[0]}{advice}")
         assert m is not None
         return m, path
     finally:
