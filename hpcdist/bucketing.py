@@ -12,13 +12,15 @@ own buckets (e.g. as gradients become ready).
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from .buffers.adapters import adapt, adapt_list
-from .collectives import SUM, all_reduce, all_reduce_coalesced, combine
+from .collectives import SUM, all_reduce, all_reduce_coalesced, coalesced_desc, combine, refuse_overlap
 from .debug import DETAIL, check_collective
 from .flight import END
 from .group import resolve_group
@@ -39,15 +41,15 @@ def bucket_indices(nbytes: Sequence[int], keys: Sequence[Any], cap_bytes: int) -
     Args:
         nbytes: size in bytes of each array.
         keys: what must match inside one bucket, per array (e.g. ``(dtype, device)``).
-        cap_bytes: the most bytes one bucket holds (> 0).
+        cap_bytes: the most bytes one bucket holds (a finite number > 0; below the smallest array: one
+            bucket per array).
 
     Returns:
         A list of buckets, each a list of indices into ``nbytes``.
     """
     if len(nbytes) != len(keys):
         raise ValueError(f"nbytes and keys must have the same length, got {len(nbytes)} and {len(keys)}")
-    if cap_bytes <= 0:
-        raise ValueError(f"the bucket cap must be > 0 bytes, got {cap_bytes}")
+    _check_cap(cap_bytes, "cap_bytes", "bytes")
     if len(set(keys)) == 1:  # one kind (the common case): the same greedy fill, by cumulative sums
         return _one_kind(nbytes, cap_bytes)
     open_: dict[Any, list[int]] = {}
@@ -107,6 +109,24 @@ def bucket_views(
     return flat, views
 
 
+def _check_cap(cap: Any, argname: str, unit: str) -> float:
+    """``cap`` (argument ``argname``, a bucket cap in ``unit``) as a Python int or float if it is a finite real
+    number > 0 (a NumPy integer would wrap around when scaled), else ValueError."""
+    real = isinstance(cap, numbers.Real) and not isinstance(cap, bool)
+    try:  # (NaN is not > 0)
+        ok = real and cap > 0 and (isinstance(cap, numbers.Integral) or math.isfinite(cap))
+    except OverflowError:  # a number beyond float's range, finite all the same
+        ok = True
+    if not ok:
+        raise ValueError(f"{argname} must be a finite number of {unit} > 0, got {cap!r}")
+    if isinstance(cap, numbers.Integral):
+        return int(cap)
+    try:
+        return float(cap)
+    except OverflowError:
+        return int(cap)
+
+
 def _one_kind(nbytes: Sequence[int], cap_bytes: int) -> list[list[int]]:
     """:func:`bucket_indices` when every array has the same key: consecutive runs of at most ``cap_bytes``."""
     cum = np.cumsum(np.asarray(nbytes, dtype=np.int64))
@@ -138,25 +158,32 @@ def all_reduce_bucketed(
         op: the reduction (a ReduceOp), as in :func:`~hpcdist.all_reduce`.
         group: the process group (default: the default group).
         async_op: return a Work that completes when every bucket did.
-        bucket_cap_mb: the most MiB one bucket holds (default 25, as torch DDP).
+        bucket_cap_mb: the most MiB one bucket holds (default 25, as torch DDP): a finite number > 0; a cap
+            below an array's size gives that array a bucket of its own.
 
     Returns:
         None, or a Work when ``async_op`` (None on ranks outside ``group``).
+
+    Raises:
+        ValueError, TypeError: a bad argument (``bucket_cap_mb``, an array of ``tensors`` or a dtype it
+            holds, ``op`` for one of those dtypes), on every rank that passes it, before any bucket moves.
     """
     pg = resolve_group(group, "all_reduce_bucketed")
     if pg is None:
         return None
-    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or bucket_cap_mb <= 0:
-        raise ValueError(f"bucket_cap_mb must be a positive number of MiB, got {bucket_cap_mb!r}")
+    cap = max(1, int(_check_cap(bucket_cap_mb, "bucket_cap_mb", "MiB") * (1 << 20)))  # at least a byte
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"tensors must be a list of arrays, got {type(tensors).__name__}")
     if not tensors:
         return None
-    cap = int(bucket_cap_mb * (1 << 20))
     if not async_op and all(type(t) is np.ndarray and t.flags.carray for t in tensors):
         _numpy_buckets(tensors, op, pg, cap)
         return None
-    bufs = adapt_list(tensors, "tensors", True)
+    bufs = adapt_list(tensors, "tensors", True)  # every array checked, then the op for each dtype
+    for dtype in dict.fromkeys(b.dtype for b in bufs):
+        resolve_op(op, dtype, "op")
+    if DETAIL[0]:
+        refuse_overlap([b.arr for b in bufs if b.device == "cpu"])
     plan = bucket_indices([b.arr.nbytes for b in bufs], [(b.dtype, b.device, b.index) for b in bufs], cap)
     works = [all_reduce_coalesced([tensors[i] for i in idx], op, pg, async_op=async_op) for idx in plan]
     if not async_op:
@@ -168,24 +195,31 @@ def _numpy_buckets(arrays: list[np.ndarray], op: Any, pg: Any, cap: int) -> None
     """The blocking path for writable C-contiguous NumPy arrays: plan, then one collective per bucket through
     the engine's :meth:`~hpcdist.backends.Engine.host_all_reduce_many` (no per-array adapter objects; the
     shared-memory engine packs the arrays straight into its segment and copies the results straight back)."""
+    if DETAIL[0]:  # an array listed twice would be reduced twice (buckets run one after another)
+        refuse_overlap(arrays)
+    dtypes = [a.dtype for a in arrays]
+    kinds: dict[Any, tuple[str, Any]] = {}  # NumPy dtype -> (its name for the engines, the op resolved for it)
+    for dt in dict.fromkeys(dtypes):  # every argument checked before the first bucket moves: once per dtype
+        i = dtypes.index(dt)  # the first array of that dtype (a dtype hpcdist cannot communicate: TypeError)
+        name = adapt(arrays[i], f"tensors[{i}]", True).dtype
+        kinds[dt] = (name, resolve_op(op, name, "op"))
     sizes = [a.nbytes for a in arrays]
-    plan = bucket_indices(sizes, [a.dtype for a in arrays], cap)
+    plan = bucket_indices(sizes, dtypes, cap)
     eng = pg.engine("cpu")
     fr = pg._flight
     for idx in plan:
         if len(idx) == 1:
             all_reduce(arrays[idx[0]], op, pg)
             continue
-        first = adapt(arrays[idx[0]], f"tensors[{idx[0]}]", True)  # the bucket's dtype (all share it) is supported
-        rop = resolve_op(op, first.dtype)
+        dtype, rop = kinds[arrays[idx[0]].dtype]  # (one dtype per bucket)
         flats = [a if a.ndim == 1 else a.reshape(-1) for a in (arrays[i] for i in idx)]
         nbytes = sum(sizes[i] for i in idx)
         count = nbytes // arrays[idx[0]].itemsize
-        entry = None if fr is None else fr.coll("all_reduce_bucketed", first.dtype, count, -1)
+        entry = None if fr is None else fr.coll("all_reduce_bucketed", dtype, count, -1)
         if DETAIL[0]:
             check_collective(
-                pg, f"all_reduce_bucketed({first.dtype}, {rop.kind.name}, {len(idx)} arrays, {count} items)"
+                pg, coalesced_desc("all_reduce_bucketed", dtype, rop, [arrays[i].shape for i in idx], count)
             )
-        eng.host_all_reduce_many(flats, first.dtype, rop, nbytes)
+        eng.host_all_reduce_many(flats, dtype, rop, nbytes)
         if entry is not None:
             entry[END] = True

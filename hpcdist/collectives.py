@@ -23,7 +23,9 @@ hold the result.
 
 from __future__ import annotations
 
+import zlib
 from datetime import timedelta
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -69,17 +71,19 @@ def _engine(
     sized: bool = False,
     async_op: bool | None = None,
     count: int | None = None,
+    check: bool = True,
 ) -> tuple[Any, list[Any] | None]:
     """The group's engine for ``buf``'s device and the call's flight-recorder entry (None when off).
 
     In debug DETAIL mode, first check that every rank calls ``desc`` with
     ``buf``'s dtype, the same ``root`` (a group rank), where every rank
     must pass the same shape (``sized``) ``buf``'s shape, and in block wait
-    mode the same ``async_op`` (:func:`_async_part`).
+    mode the same ``async_op`` (:func:`_async_part`); ``check=False``: the
+    caller checked the whole call already.
     """
     fr = pg._flight
     entry = None if fr is None else fr.coll(desc, buf.dtype, buf.arr.size if count is None else count, root)
-    if DETAIL[0]:
+    if DETAIL[0] and check:
         parts = [str(buf.dtype)]
         if root >= 0:
             parts.append(f"root {root}")
@@ -326,17 +330,25 @@ def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, a
     bufs = adapt_list(tensors, "tensors", True)
     if not bufs:
         raise ValueError("tensors must hold at least one array")
+    shapes = [b.shape for b in bufs] if DETAIL[0] else None  # as given (a complex array: before its real view)
     bufs = _complex_as_real(bufs, op)
     _same_kind(bufs[0], bufs[1:], "tensors", start=1)
     rop = resolve_op(op, bufs[0].dtype, "op")
-    if bufs[0].device != "cpu":
-        return _done(_parts(pg, [(b, (b, rop)) for b in bufs], "all_reduce", "all_reduce_coalesced"), async_op, None)
+    host = bufs[0].device == "cpu"
+    if shapes is not None:  # one check for the whole call, whichever path it takes
+        if host:
+            refuse_overlap([b.arr for b in bufs])
+        desc = coalesced_desc("all_reduce_coalesced", bufs[0].dtype, rop, shapes, sum(b.size for b in bufs))
+        check_collective(pg, desc + _async_part(pg, async_op and host))
+    if not host:
+        parts = _parts(pg, [(b, (b, rop)) for b in bufs], "all_reduce", "all_reduce_coalesced", check=False)
+        return _done(parts, async_op, None)
     if not async_op:  # blocking: the engine reduces the arrays where they lie if it can (shared memory)
         arrays = [b.arr.reshape(-1) for b in bufs]
         nbytes = sum(a.nbytes for a in arrays)
         first = Buf(arrays[0], tensors, bufs[0].dtype)
         count = nbytes // arrays[0].itemsize
-        eng, entry = _engine(pg, first, "all_reduce_coalesced", async_op=False, count=count)
+        eng, entry = _engine(pg, first, "all_reduce_coalesced", async_op=False, count=count, check=False)
         eng.host_all_reduce_many(arrays, bufs[0].dtype, rop, nbytes)
         for b in bufs:
             if b.writeback is not None:
@@ -344,15 +356,47 @@ def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, a
         return _done(None, False, entry)
     flat = pack(bufs, bufs[0].arr.dtype)
     packed = Buf(flat, tensors, bufs[0].dtype, "cpu", lambda: unpack(flat, bufs))
-    eng, entry = _engine(pg, packed, "all_reduce_coalesced", async_op=async_op)
+    eng, entry = _engine(pg, packed, "all_reduce_coalesced", async_op=async_op, check=False)
     return _done(eng.all_reduce(packed, rop, sync=not async_op), async_op, entry)
 
 
-def _parts(pg: ProcessGroup, calls: list[tuple[Buf, tuple]], method: str, name: str) -> Work:
-    """Start ``engine.method(*args)`` for each ``(buf, args)`` (one flight entry each); one Work over all."""
+def refuse_overlap(arrays: list[Any]) -> None:
+    """ValueError naming two of ``arrays`` (flat, C-contiguous) that share memory. The shared-memory reduction of a
+    list copies results back chunk by chunk while it still reads later chunks, so memory listed twice would be
+    read after its result was written (reduced twice). Checked in DETAIL mode only (by all_reduce_coalesced and
+    all_reduce_bucketed, before any message): it costs microseconds an array.
+    """
+    spans = sorted((a.__array_interface__["data"][0], a.nbytes, i) for i, a in enumerate(arrays) if a.nbytes)
+    for (start, size, i), (nxt, _, j) in pairwise(spans):
+        if nxt < start + size:
+            i, j = min(i, j), max(i, j)
+            raise ValueError(
+                f"tensors[{i}] and tensors[{j}] share memory: the arrays of one coalesced or bucketed all_reduce must "
+                "be distinct (an array listed twice, or overlapping views, would be reduced twice); pass each once"
+            )
+
+
+#: above this many arrays a DETAIL description names their shapes by a checksum instead of listing them
+_LISTED_SHAPES = 8
+
+
+def coalesced_desc(name: str, dtype: str, rop: Any, shapes: list[tuple[int, ...]], count: int) -> str:
+    """The DETAIL description of ``name``, one reduction of several arrays as one: dtype, op, how many
+    arrays, their items in all and their shapes (listed, or a CRC-32 of their repr beyond
+    :data:`_LISTED_SHAPES`), so that ranks whose lists differ in any size, or only in how the same
+    items are split between the arrays, are caught before any message moves."""
+    listed = repr(shapes) if len(shapes) <= _LISTED_SHAPES else f"crc32 {zlib.crc32(repr(shapes).encode()):08x}"
+    return f"{name}({dtype}, {rop.kind.name}, {len(shapes)} arrays, {count} items, shapes {listed})"
+
+
+def _parts(pg: ProcessGroup, calls: list[tuple[Buf, tuple]], method: str, name: str, check: bool = True) -> Work:
+    """Start ``engine.method(*args)`` for each ``(buf, args)`` (one flight entry each); one Work over all.
+
+    ``check=False``: the caller made the call's DETAIL check (else each part is checked as ``method``).
+    """
     works = []
     for buf, args in calls:
-        eng, entry = _engine(pg, buf, method)
+        eng, entry = _engine(pg, buf, method, check=check)
         work = getattr(eng, method)(*args, sync=False)
         if entry is not None:
             attach(entry, work)

@@ -329,8 +329,10 @@ def test_detail_mode_refuses_arrays_that_share_memory_in_one_coalesced_call(sgro
         x = np.ones(500)
         base = np.ones(1000)
         for arrays, pair in (([x, np.ones(3), x], "tensors\\[0\\] and tensors\\[2\\]"), ([base[:600], base[400:]], "")):
-            with pytest.raises(ValueError, match=f"{pair}.*share memory"):
-                dist.all_reduce_coalesced(arrays, group=g)
+            for fn in (dist.all_reduce_coalesced, dist.all_reduce_bucketed):  # bucketed: before any bucket
+                with pytest.raises(ValueError, match=f"{pair}.*share memory"):
+                    fn(arrays, group=g)
+            assert np.all(x == 1.0) and np.all(base == 1.0)
         a, b = np.ones(500), np.full(300, 2.0)
         dist.all_reduce_coalesced([a, b, base[:400], base[600:]], group=g)
         assert np.all(a == len(members)) and np.all(b == 2 * len(members)) and np.all(base[:400] == len(members))

@@ -35,14 +35,12 @@ group's segment is unusable afterwards.
 
 from __future__ import annotations
 
-from itertools import pairwise
 from typing import Any
 
 from ... import config
 from ..._world import WORLD
 from ...buffers.adapters import Buf
 from ...buffers.dtypes import HALF_DTYPES
-from ...debug.levels import DETAIL
 from ...ops import ResolvedOp
 from ...work import Work, completed_work
 from ..mpi import MPIEngine
@@ -84,21 +82,6 @@ def oversubscribed_node() -> bool:
         return False
     mine = node_of[pg._rank]
     return sum(1 for n in node_of if n == mine) > cpus[pg._rank]
-
-
-def refuse_overlap(arrays: list[Any]) -> None:
-    """ValueError naming two of ``arrays`` (flat, C-contiguous) that share memory. The shared-memory reduction of a
-    list copies results back chunk by chunk while it still reads later chunks, so memory listed twice would be
-    read after its result was written (reduced twice). Checked in DETAIL mode only: it costs microseconds an array.
-    """
-    spans = sorted((a.__array_interface__["data"][0], a.nbytes, i) for i, a in enumerate(arrays) if a.nbytes)
-    for (start, size, i), (nxt, _, j) in pairwise(spans):
-        if nxt < start + size:
-            i, j = min(i, j), max(i, j)
-            raise ValueError(
-                f"tensors[{i}] and tensors[{j}] share memory: the arrays of one coalesced or bucketed all_reduce must "
-                "be distinct (an array listed twice, or overlapping views, would be reduced twice); pass each once"
-            )
 
 
 def shm_eligible(pg: Any, mode: str | None = None) -> bool:
@@ -248,8 +231,6 @@ class ShmEngine(MPIEngine):
         return self._done(sync, "all_reduce", buf.obj, buf)
 
     def host_all_reduce_many(self, arrays: list[Any], dtype: str, rop: ResolvedOp, nbytes: int) -> None:
-        if DETAIL[0]:  # before the operation begins on the segment
-            refuse_overlap(arrays)
         seg = self._use("all_reduce", nbytes) if dtype not in HALF_DTYPES else None
         if seg is None:
             super().host_all_reduce_many(arrays, dtype, rop, nbytes)
