@@ -42,7 +42,9 @@ def array_module(arr: Any) -> Any:
 def bf16_bits_to_f32(bits: Any) -> Any:
     """bfloat16 bit patterns (uint16) -> float32 values (exact)."""
     xp = array_module(bits)
-    return (bits.astype(xp.uint32) << 16).view(xp.float32)
+    wide = bits.astype(xp.uint32)
+    wide <<= 16  # in place: a 0-d array stays a (writable) array, where ``<<`` would return a NumPy scalar
+    return wide.view(xp.float32)
 
 
 def f32_to_bf16_bits(x: Any) -> Any:

@@ -113,6 +113,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         self._closed = False
         self._g2l = dict(att.main._g2l)
         self._async_engine: Any = None  # the plain MPI engine of asynchronous all-reduces (made on first use)
+        self._engine_window: tuple[int, int] | None = None  # sizes of blocking all-reduces the engine takes
 
     # -- identity ---------------------------------------------------------------------
 
@@ -185,7 +186,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             if op is not None:  # a (ReduceOp, dtype) pair seen before: no checks left to do
                 if opts.asyncOp and progress.PROGRESS.ident != _get_ident():
                     return HpcdistWork(self._all_reduce_start(t, op, True), tensors, "all_reduce", self._timeout_s)
-                work = C.all_reduce(t, op, group=self._hpg, async_op=True)
+                work = self._all_reduce_start(t, op, False)
                 if work is not None:  # blocking (or inside a future's callback): complete it on this thread
                     work.wait()
                 return HpcdistWork(None, tensors, "all_reduce", 0.0)
@@ -215,7 +216,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         be the shared-memory one (one node, large arrays), whose calls
         complete before they return: blocking calls take it.
         """
-        if asynchronous and t.is_cpu:
+        if t.is_cpu and (asynchronous or not self._blocking_in_engine(t.numel() * t.element_size())):
             eng = self._async_engine
             if eng is None:
                 from ..backends.mpi import MPIEngine  # imports MPI: not at import time
@@ -224,6 +225,25 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             buf = adapt(t, "tensor", True)
             return eng.all_reduce(buf, resolve_op(op, buf.dtype), sync=False)
         return C.all_reduce(t, op, group=self._hpg, async_op=True)
+
+    def _blocking_in_engine(self, nbytes: int) -> bool:
+        """Whether a blocking CPU all-reduce of ``nbytes`` takes the group's engine (else the MPI path of the
+        asynchronous ones, so that ranks passing different ``async_op`` still meet, as torch's ``Join`` does).
+
+        The engine where its shared memory wins by the measured table (docs/torch.md); on an oversubscribed
+        node, where the shared-memory engine takes every size, smaller ones keep MPI's path all the same.
+        """
+        window = self._engine_window
+        if window is None:
+            from ..backends.shm import ShmEngine, table
+
+            eng = self._hpg.engine("cpu")
+            if isinstance(eng, ShmEngine):
+                window = table.window("all_reduce", self._hpg._size, eng.mode, oversubscribed=False)
+            else:
+                window = table.ALWAYS
+            self._engine_window = window
+        return window[0] <= nbytes < window[1]
 
     def allreduce_coalesced(self, tensors: list[Any], opts: Any = None) -> Any:
         opts = opts or _c10d.AllreduceCoalescedOptions()

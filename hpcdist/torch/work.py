@@ -120,8 +120,9 @@ class HpcdistWork(dist._Work):
             limit = _limit(timeout, self._timeout_s)
             owned = self._owned
             if owned is not None:
-                if not owned.wait(limit):
-                    raise timeout_error(self._name, limit)
+                if not owned.wait(limit):  # the progress thread still owns the operation and bounds it by the
+                    # group's timeout itself: nothing is left in flight by this caller (no poisoned exit)
+                    raise timeout_error(self._name, limit, cancelled=True)
             else:
                 with self._lock:
                     if not self._done:

@@ -219,6 +219,7 @@ for attempt in ("first", "again"):
         say(f"RANK {r} {attempt} RETURNED")
     except dist.DistError as e:
         say(f"RANK {r} {attempt} {type(e).__name__} after {time.monotonic() - t0:.1f}s: {e}")
+time.sleep(5)  # the first rank to exit ends the job (poisoned: MPI_Abort): let a rank the host ran late print
 """
     )
     r = run_mpi(3, script, tmp_path, env={"HPCDIST_SHM": "1", "HPCDIST_SHM_DIRECT": "1"}, limit=120)

@@ -132,6 +132,9 @@ def test_bfloat16_rounding_matches_torch():
     )
     nan = f32_to_bf16_bits(np.array([np.nan], dtype=np.float32))
     assert np.isnan(bf16_bits_to_f32(nan))[0]
+    wide = bf16_bits_to_f32(want[3:4].reshape(()))  # 0-d: an array to reduce into (it was a read-only scalar)
+    assert isinstance(wide, np.ndarray) and wide.shape == () and wide.flags.writeable
+    assert wide == torch.from_numpy(want[3:4].view(np.int16)).view(torch.bfloat16).float().numpy()[0]
 
 
 # ------------------------------------------------------------------ adapters

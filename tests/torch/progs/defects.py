@@ -1,0 +1,74 @@
+"""Three defects of the torch backend found by adversarial testing, at 3 ranks on the 2-CPU host (oversubscribed).
+
+* ``bf16_0d``: all_reduce of a 0-d bfloat16 tensor, blocking and async (it raised BufferError: widening
+  the bits of a 0-d array gave a read-only NumPy scalar).
+* ``join``: DDP under torch's ``Join`` with uneven inputs (rank r runs 3 + r steps). Joined ranks answer with
+  blocking all-reduces where the others issue asynchronous ones; on an oversubscribed node the blocking ones
+  took shared memory and the asynchronous ones MPI, and every rank waited for the other path.
+* ``owned_timeout``: rank 0 starts an async all_reduce, takes its future (the progress thread then owns it)
+  and its ``wait(timeout=1s)`` expires before the others arrive (3 s later); the operation then completes.
+  The expired wait marked the process as having an operation stuck in flight, so the job ended with
+  MPI_Abort(124) at exit although everything completed. The test asserts exit status 0.
+
+Usage: mpiexec -n 3 python defects.py BACKEND OUTDIR
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from common import args, init, save
+
+
+def main() -> None:
+    backend, out = args()
+    rank, _ = init(backend)
+    res: dict = {}
+    for asynchronous in (False, True):
+        x = torch.tensor(rank + 1.0, dtype=torch.bfloat16)
+        w = dist.all_reduce(x, async_op=asynchronous)
+        if asynchronous:
+            w.wait()
+        res[f"bf16_0d_async={asynchronous}"] = x.clone()
+
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 64), nn.Tanh(), nn.Linear(64, 5))
+    ddp = DDP(model, bucket_cap_mb=0.01)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    with Join([ddp]):
+        for step in range(3 + rank):
+            g = torch.Generator().manual_seed(100 * rank + step)
+            x, y = torch.randn(8, 20, generator=g), torch.randn(8, 5, generator=g)
+            opt.zero_grad()
+            nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+    res["join_params"] = torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    t = torch.ones(3)
+    if rank == 0:
+        w = dist.all_reduce(t, async_op=True)
+        fut = w.get_future()
+        try:
+            w.wait(timedelta(seconds=1))
+            res["owned_wait"] = "returned"
+        except Exception as e:  # the peers come 3 s later
+            res["owned_wait"] = (type(e).__name__, isinstance(e, RuntimeError))
+        fut.wait()
+    else:
+        time.sleep(3)
+        dist.all_reduce(t)
+    res["owned_result"] = t.clone()
+    save(out, "defects", res)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""progs/defects.py at 3 ranks with backend "hpcdist" and with torch's gloo (the reference): see its docstring."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import launch, load
+
+N = 3
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    out = {}
+    for backend in ("hpcdist", "gloo"):
+        d: Path = tmp_path_factory.mktemp(f"defects-{backend}")
+        launch(N, "defects.py", backend, d, limit=240)  # exit status 0: no MPI_Abort(124) after the expired wait
+        out[backend] = [load(d, "defects", r) for r in range(N)]
+    return out
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_zero_dim_bfloat16_all_reduce(runs, asynchronous):
+    want = torch.tensor(N * (N + 1) / 2, dtype=torch.bfloat16)
+    for r in range(N):
+        got = runs["hpcdist"][r][f"bf16_0d_async={asynchronous}"]
+        assert got.dtype == torch.bfloat16 and got.shape == () and torch.equal(got, want), (r, got)
+
+
+def test_ddp_under_join_with_uneven_inputs(runs):
+    """Identical parameters on every rank, and gloo's up to the summation order of floats."""
+    mine = [runs["hpcdist"][r]["join_params"] for r in range(N)]
+    assert all(torch.equal(mine[0], p) for p in mine)
+    assert torch.allclose(mine[0], runs["gloo"][0]["join_params"], rtol=1e-5, atol=1e-6)
+
+
+def test_an_expired_wait_on_an_owned_work_leaves_the_operation_to_complete(runs):
+    """gloo raises a RuntimeError too; hpcdist's is its DistTimeoutError (a RuntimeError and a TimeoutError)."""
+    assert runs["hpcdist"][0]["owned_wait"] == ("DistTimeoutError", True)
+    assert runs["gloo"][0]["owned_wait"][1] is True
+    for r in range(N):
+        assert torch.equal(runs["hpcdist"][r]["owned_result"], torch.full((3,), float(N)))
