@@ -36,6 +36,11 @@ if dist.get_rank() == 0:
         dist.all_reduce(x)             # the first shared-memory call: sets the segment up; rank 1 never comes
     except dist.DistTimeoutError as e:
         say(f"TIMEOUT after {time.monotonic() - t0:.1f}s: {e}")
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x)             # not another setup and another full timeout: refused at once
+    except dist.DistTimeoutError as e:
+        say(f"AGAIN after {time.monotonic() - t0:.1f}s: {e}")
     import glob
     say("LEFT", [p for p in glob.glob("/dev/shm/hpcdist-*") if f"-{os.getpid()}-" in p])
     os._exit(0)
@@ -48,6 +53,8 @@ else:
     assert not r.timed_out, "the job hung on a missing peer: " + r.output
     assert "TIMEOUT after" in r.stdout and "all_reduce" in r.stdout and "within 2s" in r.stdout, r.output
     assert "shared-memory setup" in r.stdout, r.output
+    assert "AGAIN after" in r.stdout and "setup timed out earlier" in r.stdout, r.output
+    assert float(r.stdout.split("AGAIN after ")[1].split("s")[0]) < 1.5, r.output  # it retried: 2 s again
     assert "LEFT []" in r.stdout, "the shared-memory file was left in /dev/shm: " + r.output
 
 

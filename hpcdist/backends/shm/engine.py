@@ -41,6 +41,7 @@ from ... import config
 from ..._world import WORLD
 from ...buffers.adapters import Buf
 from ...buffers.dtypes import HALF_DTYPES
+from ...errors import DistTimeoutError, describe_op
 from ...ops import ResolvedOp
 from ...work import Work, completed_work
 from ..mpi import MPIEngine
@@ -113,6 +114,7 @@ class ShmEngine(MPIEngine):
         # smaller blocking calls take MPIEngine's fast path untouched
         self.fast_all_reduce_below = min(self.fast_all_reduce_below, self._ar_lo)
         self._seg: Segment | bool | None = None  # None: not set up; False: the group spans nodes
+        self._setup_timed_out = False  # the segment's setup outlived the group's timeout: refuse, do not retry
         self.direct_allowed = config.shm_direct()
         self._rd: cma.Reader | None = None  # reads the peers' arrays directly (set up with the segment), if allowed
 
@@ -154,7 +156,16 @@ class ShmEngine(MPIEngine):
         """
         seg = self._seg
         if seg is None:
-            seg = self._seg = self._setup(op)
+            if self._setup_timed_out:  # the peers that did come have given up on this setup as well
+                raise DistTimeoutError(
+                    f"{describe_op((op, self.pg))}: this group's shared-memory setup timed out earlier "
+                    "(a rank never came); create a new group (or set HPCDIST_SHM=0)"
+                )
+            try:
+                seg = self._seg = self._setup(op)
+            except DistTimeoutError:
+                self._setup_timed_out = True  # later calls raise at once, not after another full timeout
+                raise
         if seg is False:
             return None
         assert isinstance(seg, Segment)
