@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .buffers.adapters import adapt, adapt_list
-from .collectives import SUM, all_reduce, all_reduce_coalesced, coalesced_desc, combine, refuse_overlap
+from .collectives import SUM, all_reduce, coalesced_desc, combine, reduce_list, refuse_overlap
 from .debug import DETAIL, check_collective
 from .flight import END
 from .group import resolve_group
@@ -185,7 +185,7 @@ def all_reduce_bucketed(
     if DETAIL[0]:
         refuse_overlap([b.arr for b in bufs if b.device == "cpu"])
     plan = bucket_indices([b.arr.nbytes for b in bufs], [(b.dtype, b.device, b.index) for b in bufs], cap)
-    works = [all_reduce_coalesced([tensors[i] for i in idx], op, pg, async_op=async_op) for idx in plan]
+    works = [reduce_list([tensors[i] for i in idx], op, pg, async_op, "all_reduce_bucketed") for idx in plan]
     if not async_op:
         return None
     return combine([w for w in works if w is not None], "all_reduce_bucketed", pg)
@@ -208,7 +208,7 @@ def _numpy_buckets(arrays: list[np.ndarray], op: Any, pg: Any, cap: int) -> None
     eng = pg.engine("cpu")
     fr = pg._flight
     for idx in plan:
-        if len(idx) == 1:
+        if len(idx) == 1 and not DETAIL[0]:  # DETAIL: described as a bucket, as on the general path
             all_reduce(arrays[idx[0]], op, pg)
             continue
         dtype, rop = kinds[arrays[idx[0]].dtype]  # (one dtype per bucket)

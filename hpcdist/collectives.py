@@ -324,7 +324,13 @@ def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, a
     Returns:
         A :class:`~hpcdist.work.Work` with ``async_op=True``; else None (also on a non-member).
     """
-    pg = resolve_group(group, "all_reduce_coalesced")
+    return reduce_list(tensors, op, group, async_op, "all_reduce_coalesced")
+
+
+def reduce_list(tensors: list[Any], op: Any, group: Any, async_op: bool, name: str) -> Work | None:
+    """:func:`all_reduce_coalesced`, named ``name`` in DETAIL checks and the flight recorder (the buckets of
+    ``all_reduce_bucketed`` are ``all_reduce_bucketed``, whichever path their arrays take)."""
+    pg = resolve_group(group, name)
     if pg is None:
         return None
     bufs = adapt_list(tensors, "tensors", True)
@@ -338,17 +344,17 @@ def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, a
     if shapes is not None:  # one check for the whole call, whichever path it takes
         if host:
             refuse_overlap([b.arr for b in bufs])
-        desc = coalesced_desc("all_reduce_coalesced", bufs[0].dtype, rop, shapes, sum(b.size for b in bufs))
+        desc = coalesced_desc(name, bufs[0].dtype, rop, shapes, sum(b.size for b in bufs))
         check_collective(pg, desc + _async_part(pg, async_op and host))
     if not host:
-        parts = _parts(pg, [(b, (b, rop)) for b in bufs], "all_reduce", "all_reduce_coalesced", check=False)
+        parts = _parts(pg, [(b, (b, rop)) for b in bufs], "all_reduce", name, check=False)
         return _done(parts, async_op, None)
     if not async_op:  # blocking: the engine reduces the arrays where they lie if it can (shared memory)
         arrays = [b.arr.reshape(-1) for b in bufs]
         nbytes = sum(a.nbytes for a in arrays)
         first = Buf(arrays[0], tensors, bufs[0].dtype)
         count = nbytes // arrays[0].itemsize
-        eng, entry = _engine(pg, first, "all_reduce_coalesced", async_op=False, count=count, check=False)
+        eng, entry = _engine(pg, first, name, async_op=False, count=count, check=False)
         eng.host_all_reduce_many(arrays, bufs[0].dtype, rop, nbytes)
         for b in bufs:
             if b.writeback is not None:
@@ -356,7 +362,7 @@ def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, a
         return _done(None, False, entry)
     flat = pack(bufs, bufs[0].arr.dtype)
     packed = Buf(flat, tensors, bufs[0].dtype, "cpu", lambda: unpack(flat, bufs))
-    eng, entry = _engine(pg, packed, "all_reduce_coalesced", async_op=async_op, check=False)
+    eng, entry = _engine(pg, packed, name, async_op=async_op, check=False)
     return _done(eng.all_reduce(packed, rop, sync=not async_op), async_op, entry)
 
 

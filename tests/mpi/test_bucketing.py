@@ -218,3 +218,25 @@ def test_bucket_views_are_reduced_by_one_all_reduce_of_their_buffer(group, membe
         assert np.all(v == sum(r + i for r in members)), (i, v)
     with pytest.raises(ValueError, match="negative"):
         dist.bucket_views([(2, -1)])
+
+
+@pytest.mark.parametrize("cap_mb", [1e-9, 25])  # every array in a bucket of its own; all in one bucket
+def test_detail_mode_describes_a_bucket_alike_for_numpy_and_torch(cap_mb):
+    """Even ranks pass contiguous NumPy arrays (the fast path), odd ranks torch tensors (the general path): both
+    describe each bucket as ``all_reduce_bucketed`` with the same fields, so DETAIL mode sees no mismatch (it
+    saw ``all_reduce``/``all_reduce_bucketed`` against ``all_reduce_coalesced``); the sums are NumPy's."""
+    need("torch", "float32")
+    before = get_debug_level()
+    set_debug_level(DebugLevel.DETAIL)
+    try:
+        n, me = dist.get_world_size(), dist.get_rank()
+        shapes = [(3,), (2, 2), (5,)]
+        kind = "numpy" if me % 2 == 0 else "torch"
+        arrays = [make(kind, values(me, math.prod(s), "float32", salt=i).reshape(s), "float32") for i, s in
+                  enumerate(shapes)]  # fmt: skip
+        dist.all_reduce_bucketed(arrays, bucket_cap_mb=cap_mb)
+        for i, (a, s) in enumerate(zip(arrays, shapes, strict=True)):
+            want = sum(values(r, math.prod(s), "float32", salt=i) for r in range(n)).reshape(s)
+            assert np.array_equal(to_np(a), cast(want, "float32")), i
+    finally:
+        set_debug_level(before)
