@@ -314,9 +314,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD.Dup()
-    n_world, me = world.Get_size(), world.Get_rank()
-    ops, sizes = parse_ops(args.ops), parse_sizes(args.sizes)
-    ranks = parse_ranks(args.ranks, n_world) or [n_world]
+    me = world.Get_rank()
+    ops, sizes, ranks = args.op_list, args.size_list, args.rank_list  # parsed once, by main's checks
     gloo = not args.no_gloo and _init_gloo(world)
     rows: list[dict[str, Any]] = []
     steps = len(ranks) * sum(1 if op == "barrier" else len(sizes) for op in ops)
@@ -349,6 +348,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         )
                 world.Barrier()
                 bar.step(f"{op} {human_size(nbytes)} x {k} ranks")
+        if raw != MPI.COMM_NULL:  # this pass's communicators (the groups go at destroy_process_group)
+            raw.Free()
+    world.Free()
     if gloo:
         import torch.distributed as tdist
 
@@ -638,11 +640,12 @@ def _number(flag: str, kind: type, minimum: float) -> Callable[[str], Any]:
 
 def _check_args(args: argparse.Namespace) -> None:
     """Every check that needs no MPI: sizes, ops, the --ranks list (against the launch's size where the
-    launcher's variables give it), and a --plot that would have nothing to draw."""
+    launcher's variables give it), and a --plot that would have nothing to draw. Keeps the parsed sizes and
+    ops in ``args`` (``size_list``, ``op_list``) for :func:`run`."""
     from .rendezvous.detect import launcher_rank_size
 
-    parse_sizes(args.sizes)
-    ops = parse_ops(args.ops)
+    args.size_list = parse_sizes(args.sizes)
+    args.op_list = ops = parse_ops(args.ops)
     launch = launcher_rank_size()
     parse_ranks(args.ranks, launch[1] if launch else None)
     if args.plot and set(ops) == {"barrier"}:
@@ -650,16 +653,18 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _check_launch(args: argparse.Namespace, world: Any) -> str | None:
-    """The checks that need the launch, before any measurement: --ranks against its size (every rank alike),
-    and whether rank 0 can write --csv and --plot (its answer broadcast). The message, or None."""
+    """The checks that need the launch, before any measurement: --ranks against its size (every rank alike;
+    kept in ``args.rank_list``), and whether rank 0 can write --csv and --plot (its answer broadcast under the
+    default group's timeout). The message, or None."""
+    import hpcdist as dist
+
     try:
-        parse_ranks(args.ranks, world.Get_size())
+        args.rank_list = parse_ranks(args.ranks, world.Get_size()) or [world.Get_size()]
     except ValueError as exc:
         return str(exc)
-    problem = None
-    if world.Get_rank() == 0:
-        problem = _check_outputs(args)
-    return world.bcast(problem, root=0)
+    answer = [_check_outputs(args) if world.Get_rank() == 0 else None]
+    dist.broadcast_object_list(answer, src=0)
+    return answer[0]
 
 
 def _check_outputs(args: argparse.Namespace) -> str | None:

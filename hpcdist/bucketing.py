@@ -111,20 +111,14 @@ def bucket_views(
 
 def _check_cap(cap: Any, argname: str, unit: str) -> float:
     """``cap`` (argument ``argname``, a bucket cap in ``unit``) as a Python int or float if it is a finite real
-    number > 0 (a NumPy integer would wrap around when scaled), else ValueError."""
-    real = isinstance(cap, numbers.Real) and not isinstance(cap, bool)
-    try:  # (NaN is not > 0)
-        ok = real and cap > 0 and (isinstance(cap, numbers.Integral) or math.isfinite(cap))
-    except OverflowError:  # a number beyond float's range, finite all the same
-        ok = True
-    if not ok:
-        raise ValueError(f"{argname} must be a finite number of {unit} > 0, got {cap!r}")
-    if isinstance(cap, numbers.Integral):
+    number > 0, else ValueError. Integers stay exact ints (a NumPy integer would wrap around when scaled, a
+    huge Python one overflow a float)."""
+    integral = isinstance(cap, numbers.Integral)  # (bool too, refused)
+    if integral and not isinstance(cap, bool) and int(cap) > 0:
         return int(cap)
-    try:
+    if not integral and isinstance(cap, numbers.Real) and math.isfinite(cap) and float(cap) > 0:
         return float(cap)
-    except OverflowError:
-        return int(cap)
+    raise ValueError(f"{argname} must be a finite number of {unit} > 0, got {cap!r}")
 
 
 def _one_kind(nbytes: Sequence[int], cap_bytes: int) -> list[list[int]]:

@@ -307,6 +307,10 @@ def hierarchical_min_bytes() -> int | None:
         return None
     if mode == "on":
         return 0
+    return _hier_min_bytes()
+
+
+def _hier_min_bytes() -> int:
     return _int_env("HPCDIST_HIER_MIN_BYTES", DEFAULT_HIER_MIN_BYTES, 0, "a number of bytes")
 
 
@@ -362,7 +366,8 @@ def _store_secret() -> bytes | None:
     return resolve_secret(None)
 
 
-#: the reader of every knob whose value can be wrong (the others are free text: a path, a node name, a secret)
+#: the reader of every knob whose value can be wrong, each reading that knob alone (the others are free text: a
+#: path, a node name, a secret)
 READERS: dict[str, Any] = {
     "HPCDIST_TIMEOUT": default_timeout,
     "HPCDIST_ABORT_ON_EXCEPTION": abort_on_exception,
@@ -373,8 +378,8 @@ READERS: dict[str, Any] = {
     "HPCDIST_WAIT": wait_mode,
     "HPCDIST_FLIGHT_RECORDER": flight_recorder_size,
     "HPCDIST_FLIGHT_DUMP": flight_dump_on_error,
-    "HPCDIST_HIER": hierarchical_min_bytes,
-    "HPCDIST_HIER_MIN_BYTES": hierarchical_min_bytes,
+    "HPCDIST_HIER": lambda: _tristate("HPCDIST_HIER"),
+    "HPCDIST_HIER_MIN_BYTES": _hier_min_bytes,
     "HPCDIST_HIER_ALGO": hierarchical_algorithm,
     "HPCDIST_SHM": shm_mode,
     "HPCDIST_SHM_DIRECT": shm_direct,
@@ -392,6 +397,5 @@ def problems() -> dict[str, str]:
         try:
             read()
         except (ValueError, RuntimeError) as exc:  # RuntimeError: the store's DistStoreError
-            if str(exc) not in out.values():  # HPCDIST_HIER and _MIN_BYTES share a reader
-                out[name] = str(exc)
+            out[name] = str(exc)
     return out

@@ -28,7 +28,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["local_rank_size", "node_identity", "node_layout", "node_layout_and_cpus", "node_of_ranks", "split_shared"]
+__all__ = [
+    "affinity",
+    "local_rank_size",
+    "node_identity",
+    "node_layout",
+    "node_layout_and_cpus",
+    "node_of_ranks",
+    "split_shared",
+]
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
@@ -82,7 +90,7 @@ def node_layout_and_cpus(
     oversubscribed table) is decided alike everywhere: a rank pinned to fewer CPUs than its peers must not
     pick another path than theirs.
     """
-    cpus = _affinity()
+    cpus = affinity()
     fingerprint = int.from_bytes(hashlib.blake2b(repr(cpus).encode(), digest_size=8).digest(), "little", signed=True)
     words = _gather_words(comm, [_key(node_identity()), len(cpus), fingerprint], timeout_s, what)
     layout = _numbered(words[:, 0])
@@ -92,7 +100,8 @@ def node_layout_and_cpus(
     return layout, [sum(per_node[node].values()) for node in layout]
 
 
-def _affinity() -> tuple[int, ...]:
+def affinity() -> tuple[int, ...]:
+    """The CPUs this process may run on, sorted (all of them where the OS has no affinity call)."""
     try:
         return tuple(sorted(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # pragma: no cover - not Linux

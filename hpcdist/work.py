@@ -123,9 +123,11 @@ class ProbedRecv:
 def timeout_error(name: Any, limit: float, cancelled: bool = False) -> DistTimeoutError:
     """The error of an operation (``name``: a str or ``(opname, group)``) that outlived ``limit`` s.
 
-    Unless the operation was ``cancelled`` (a receive), it is still in flight:
-    the process is poisoned (:mod:`hpcdist._exit`), so exiting ends the job
-    promptly instead of waiting in ``MPI_Finalize``.
+    Unless ``cancelled`` (a receive was cancelled, or the operation is another
+    thread's to finish or time out: a torch Work the progress thread owns), it
+    is still in flight on this caller's account: the process is poisoned
+    (:mod:`hpcdist._exit`), so exiting ends the job promptly instead of waiting
+    in ``MPI_Finalize``.
     """
     if not cancelled:
         poison(f"{describe_op(name)} timed out after {limit:g}s")

@@ -87,10 +87,9 @@ def choose(env: Mapping[str, str], cpus: int, embedded: bool) -> dict[str, str]:
 
 
 def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    from ..topology import affinity
+
+    return len(affinity())
 
 
 def apply(env: MutableMapping[str, str] | None = None) -> dict[str, str]:

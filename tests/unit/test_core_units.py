@@ -625,3 +625,12 @@ def test_every_knob_is_in_the_readme_table():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = readme.split("## Environment knobs", 1)[1].split("\n## ", 1)[0]
     assert [k for k in KNOBS if f"| `{k}` |" not in table] == []
+
+
+def test_info_names_the_knob_whose_value_is_refused(monkeypatch):
+    """A bad HPCDIST_HIER_MIN_BYTES is listed under its own name (HPCDIST_HIER shared its reader and took it)."""
+    from hpcdist import config
+
+    monkeypatch.delenv("HPCDIST_HIER", raising=False)
+    monkeypatch.setenv("HPCDIST_HIER_MIN_BYTES", "x")
+    assert list(config.problems()) == ["HPCDIST_HIER_MIN_BYTES"]

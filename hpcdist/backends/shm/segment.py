@@ -343,9 +343,6 @@ class Segment:
             pass
 
 
-_DISAGREE = "the ranks disagree on its size"
-
-
 def _map_shared(
     comm: Any, total: int, timeout_s: float, what: str, hint: str = "set HPCDIST_SHM=0 to use MPI instead, or "
 ) -> tuple[mmap.mmap, str]:
@@ -354,12 +351,13 @@ def _map_shared(
     Returns the mapping and the file's former path (the same on every rank: a name for the mapping).
     """
     me = comm.Get_rank()
+    room = f"{hint}make room in {_SHM_DIR}"  # the advice for a file that could not be made or mapped
     path, fd, err = "", -1, ""
     if me == 0:
         try:
             path, fd = _create(total)
         except OSError as e:
-            err = f"cannot create a {total}-byte shared-memory file in {_SHM_DIR}: {e}"
+            err = f"cannot create a {total}-byte shared-memory file in {_SHM_DIR}: {e}; {room}"
     try:
         path, err, made = timed_bcast_json(
             comm, [path, err, total], 0, timeout_s, f"{what} (shared-memory setup)", _HINT
@@ -367,8 +365,9 @@ def _map_shared(
         m: mmap.mmap | None = None
         if not err and made != total:  # every rank must lay the file out alike, or it reads the others' bytes amiss
             err = (
-                f"rank {me} needs a {total}-byte shared-memory file where rank 0 made {made} bytes: {_DISAGREE} "
-                "(HPCDIST_SHM_SLOT, or a symmetric allocation's shape, must be the same on every rank)"
+                f"rank {me} needs a {total}-byte shared-memory file where rank 0 made {made} bytes: the ranks "
+                "disagree on its size (HPCDIST_SHM_SLOT, or a symmetric allocation's shape, must be the same on "
+                "every rank)"
             )
         elif not err:
             try:
@@ -376,14 +375,13 @@ def _map_shared(
                     fd = os.open(path, os.O_RDWR)
                 m = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             except (OSError, ValueError) as e:  # ValueError: a file shorter than asked
-                err = f"rank {me} cannot map the shared-memory file {path}: {e}"
+                err = f"rank {me} cannot map the shared-memory file {path}: {e}; {room}"
         errs = timed_allgather_json(comm, err, timeout_s, f"{what} (shared-memory setup)", _HINT)
         bad = [e for e in errs if e]
         if bad:
             if m is not None:
                 m.close()
-            advice = "" if _DISAGREE in bad[0] else f"; {hint}make room in {_SHM_DIR}"
-            raise DistError(f"{what}: {bad[0]}{advice}")
+            raise DistError(f"{what}: {bad[0]}")
         assert m is not None
         return m, path
     finally:
