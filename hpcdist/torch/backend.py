@@ -52,9 +52,10 @@ from .ops import check_tensors, plain_op, reduce_op
 from .sparse import all_reduce_sparse
 from .work import HpcdistWork, done_work
 
-__all__ = ["BACKEND_NAME", "HpcdistProcessGroup"]
+__all__ = ["BACKEND_NAME", "DEVICES", "HpcdistProcessGroup"]
 
 BACKEND_NAME = "hpcdist"
+DEVICES = ("cpu", "cuda")  # the device types "hpcdist" registers with torch, and a group serves
 _get_ident = threading.get_ident
 _AllreduceOptions = _c10d.AllreduceOptions
 _strided = torch.strided
@@ -102,8 +103,17 @@ _REDUCE_SCATTER_INTO_MANY = _REDUCE_SCATTER_INTO._replace(
 class HpcdistProcessGroup(dist.ProcessGroup):
     """One torch process group over hpcdist (made by torch through the registered creator)."""
 
-    def __init__(self, att: Attached, rank: int, size: int, timeout: timedelta, group_name: str = "") -> None:
+    def __init__(
+        self,
+        att: Attached,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        group_name: str = "",
+        devices: tuple[str, ...] = DEVICES,
+    ) -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]  # the (rank, size) overload
+        self._devices = [torch.device(d) for d in devices]
         self._att = att
         self._hpg = att.main
         self._timeout = timeout
@@ -137,6 +147,38 @@ class HpcdistProcessGroup(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"<HpcdistProcessGroup {self._gname!r} rank {self.rank()}/{self.size()}>"
+
+    # -- what torch asks of a group's backends --------------------------------------------
+    # torch registers per-device C++ Backends only for the backends it builds itself, so for a
+    # Python group ``_device_types`` would list nothing; torch code reading it (the object
+    # collectives' device, set_model_state_dict's broadcast_from_rank0, DCP's async_save) then
+    # fails. The group answers for itself, as gloo's does for "cpu" and "cuda".
+
+    @property
+    def _device_types(self) -> list[Any]:
+        """The device types this group serves (torch's device map of the group; gloo lists cpu and cuda)."""
+        return list(self._devices)
+
+    def _get_backend(self, device: Any) -> Any:
+        """The backend serving ``device``'s type: this group itself (its methods dispatch on the tensors)."""
+        return self._backend_for(torch.device(device).type)
+
+    def _backend_for(self, device_type: str) -> Any:
+        if all(d.type != device_type for d in self._devices):
+            raise RuntimeError(
+                f"No backend type associated with device type {device_type} (this hpcdist group serves "
+                f"{', '.join(d.type for d in self._devices)})"
+            )
+        return self
+
+    # torch reads these of a Backend before it asks one for optional features
+    supports_splitting = False
+    supports_coalescing = False
+    supports_shrinking = False
+    supports_time_estimate = False
+
+    def supports_tensor_alloc(self, device: Any) -> bool:
+        return False
 
     @property
     def hpcdist_group(self) -> Any:

@@ -173,6 +173,11 @@ class RoutedProcessGroup(HpcdistProcessGroup):
         super().__init__(*args, **kwargs)
         self._delegates = delegates
 
+    def _backend_for(self, device_type: str) -> Any:
+        """The delegate (torch's own Backend) of a device the map gives to another backend, else this group."""
+        delegate = self._delegates.get(device_type)
+        return super()._backend_for(device_type) if delegate is None else delegate
+
     def shutdown(self) -> None:
         for backend in self._delegates.values():
             try:

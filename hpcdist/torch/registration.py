@@ -41,10 +41,10 @@ def register() -> None:
 
     rdzv = importlib.import_module("torch.distributed.rendezvous")  # the module (the package exports a function)
 
-    from .backend import BACKEND_NAME
+    from .backend import BACKEND_NAME, DEVICES
 
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND_NAME, create, extended_api=True, devices=["cpu", "cuda"])
+        dist.Backend.register_backend(BACKEND_NAME, create, extended_api=True, devices=list(DEVICES))
     handlers = rdzv._rendezvous_handlers
     if "mpi" not in handlers:
         rdzv.register_rendezvous_handler("mpi", mpi_rendezvous_handler)
@@ -61,7 +61,7 @@ def create(opts: Any, pg_options: Any = None) -> Any:
     rank, size, timeout, name and the members' global ranks (empty for the
     default group). Collective over the group's members.
     """
-    from .backend import BACKEND_NAME, HpcdistProcessGroup
+    from .backend import BACKEND_NAME, DEVICES, HpcdistProcessGroup
     from .devicemap import RoutedProcessGroup, device_map, make_delegates
     from .groups import attach
 
@@ -71,11 +71,12 @@ def create(opts: Any, pg_options: Any = None) -> Any:
     rank, size, name = opts.group_rank, opts.group_size, str(opts.group_id)
     ranks = list(opts.global_ranks_in_group)
     dmap = device_map(2)  # torch's map for this group, read from the caller
+    devices = tuple(dmap) or DEVICES  # what the group serves: the map's devices (torch's default map: both)
     att = attach(opts.store, rank, size, timeout, ranks)
     if all(b == BACKEND_NAME for b in dmap.values()):
-        return HpcdistProcessGroup(att, rank, size, timeout, name)
+        return HpcdistProcessGroup(att, rank, size, timeout, name, devices)
     delegates = make_delegates(dmap, opts.store, rank, size, timeout, ranks, name)
-    return RoutedProcessGroup(att, rank, size, timeout, name, delegates=delegates)
+    return RoutedProcessGroup(att, rank, size, timeout, name, devices, delegates=delegates)
 
 
 # ------------------------------------------------------------------ rendezvous

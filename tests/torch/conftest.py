@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,27 @@ def launch(
     assert not res.timed_out, f"{prog} on {backend} ran past {limit}s:\n{res.output[-4000:]}"
     assert res.returncode == 0, f"{prog} on {backend} failed (rc {res.returncode}):\n{res.output[-4000:]}"
     return res
+
+
+def launch_both(
+    n: int,
+    prog: str,
+    factory: pytest.TempPathFactory,
+    *,
+    args: Callable[[Path], list[str]] | None = None,
+    limit: float = 240,
+) -> dict[str, list[Any]]:
+    """Run progs/``prog`` on ``n`` ranks with "hpcdist" and with gloo; each rank's saved output, by backend.
+
+    ``prog`` saves under its own stem (``progs/common.save``); ``args(d)`` gives its
+    arguments after the output directory ``d``.
+    """
+    out: dict[str, list[Any]] = {}
+    for backend in ("hpcdist", "gloo"):
+        d: Path = factory.mktemp(f"{Path(prog).stem}-{backend}")
+        launch(n, prog, backend, d, args=args(d) if args else None, limit=limit)
+        out[backend] = [load(d, Path(prog).stem, r) for r in range(n)]
+    return out
 
 
 def torchrun(n: int, prog: str, backend: str, out: Path, limit: float = 240) -> Result:

@@ -8,23 +8,17 @@ exact in any reduction order).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import launch, load, same
+from conftest import launch_both, same
 
 N = 3
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for backend in ("hpcdist", "gloo"):
-        d: Path = tmp_path_factory.mktemp(backend)
-        launch(N, "collectives.py", backend, d)
-        out[backend] = [load(d, "collectives", r) for r in range(N)]
-    return out
+    return launch_both(N, "collectives.py", tmp_path_factory)
 
 
 def test_every_case_runs_on_hpcdist(runs: dict[str, list[dict[str, Any]]]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import launch, load, same, torchrun
+from conftest import launch_both, load, same, torchrun
 
 N = 2
 MODES = [
@@ -30,11 +30,7 @@ MODES = [
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    out = {}
-    for backend in ("hpcdist", "gloo"):
-        d = tmp_path_factory.mktemp(backend)
-        launch(N, "ddp.py", backend, d)
-        out[backend] = [load(d, "ddp", r) for r in range(N)]
+    out = launch_both(N, "ddp.py", tmp_path_factory)
     d = tmp_path_factory.mktemp("torchrun")
     torchrun(N, "ddp.py", "hpcdist", d)
     out["torchrun"] = [load(d, "ddp", r) for r in range(N)]

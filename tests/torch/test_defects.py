@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import launch, load
+from conftest import launch_both
 
 N = 3
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    out = {}
-    for backend in ("hpcdist", "gloo"):
-        d: Path = tmp_path_factory.mktemp(f"defects-{backend}")
-        launch(N, "defects.py", backend, d, limit=240)  # exit status 0: no MPI_Abort(124) after the expired wait
-        out[backend] = [load(d, "defects", r) for r in range(N)]
-    return out
+    return launch_both(N, "defects.py", tmp_path_factory)  # exit status 0: no MPI_Abort(124) after the expired wait
 
 
 @pytest.mark.parametrize("asynchronous", [False, True])

@@ -13,19 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import launch, load, same, torch
+from conftest import launch_both, same, torch
 
 N = 4
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    out = {}
-    for backend in ("hpcdist", "gloo"):
-        d = tmp_path_factory.mktemp(backend)
-        launch(N, "fsdp_dtensor.py", backend, d)
-        out[backend] = [load(d, "fsdp_dtensor", r) for r in range(N)]
-    return out
+    return launch_both(N, "fsdp_dtensor.py", tmp_path_factory)
 
 
 def test_fsdp2_equals_gloo(runs: dict[str, list[dict[str, Any]]]) -> None:

@@ -46,3 +46,17 @@ def save(outdir: str, name: str, obj: Any) -> None:
 def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A model's parameters, detached copies, by name."""
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def sharded_model() -> torch.nn.Module:
+    """A small MLP sharded with FSDP2 (``fully_shard`` on each Linear, then the whole) over the default mesh."""
+    from torch.distributed.fsdp import fully_shard
+
+    m = torch.nn.Sequential(
+        torch.nn.Linear(12, 20), torch.nn.ReLU(), torch.nn.Linear(20, 6), torch.nn.Linear(6, 6, bias=False)
+    )
+    for layer in m:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(m)
+    return m

@@ -15,25 +15,14 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.nn as nn
-from common import args, init, save
-from torch.distributed.fsdp import fully_shard
+from common import args, init, save, sharded_model
 
 backend, outdir = args()
 mode, ckpt = sys.argv[3], sys.argv[4]
 rank, n = init(backend)
 
 
-def model() -> nn.Module:
-    m = nn.Sequential(nn.Linear(12, 20), nn.ReLU(), nn.Linear(20, 6), nn.Linear(6, 6, bias=False))
-    for layer in m:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer)
-    fully_shard(m)
-    return m
-
-
-m = model()
+m = sharded_model()
 if mode == "save":
     with torch.no_grad():
         for i, (_name, p) in enumerate(sorted(m.named_parameters())):
