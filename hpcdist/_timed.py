@@ -92,11 +92,11 @@ def timed_bcast_json(comm: Any, obj: Any, root: int, timeout_s: float, what: str
 
 def watched(call: Callable[[], Any], timeout_s: float, what: str) -> Any:
     """``call()`` (a blocking MPI call every rank is known to have reached) under the watchdog."""
-    WATCHDOG.arm(timeout_s, what)
+    previous = WATCHDOG.arm(timeout_s, what)
     try:
         return call()
     finally:
-        WATCHDOG.disarm()
+        WATCHDOG.disarm(previous)
 
 
 def guarded(call: Callable[[], Any], comm: Any, timeout_s: float, what: str, hint: str) -> Any:

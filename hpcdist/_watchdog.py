@@ -73,14 +73,26 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def arm(self, limit: float, what: Any) -> None:
-        """Watch this thread's next blocking call for ``limit`` s (until :meth:`disarm`)."""
+    def arm(self, limit: float, what: Any) -> Any:
+        """Watch this thread's next blocking call for ``limit`` s (until :meth:`disarm`).
+
+        Returns the entry this one replaces (None if none): hand it to
+        :meth:`disarm`, so an armed stretch that contains another (a bench pass
+        around a call that sets up a segment) is watched again after it.
+        """
         if self._thread is None:
             self._start()
-        self.calls[_get_ident()] = (what, _Limit(limit))
+        ident = _get_ident()
+        previous = self.calls.get(ident)
+        self.calls[ident] = (what, _Limit(limit))
+        return previous
 
-    def disarm(self) -> None:
-        self.calls.pop(_get_ident(), None)
+    def disarm(self, previous: Any = None) -> None:
+        """End this thread's watch; ``previous`` (what :meth:`arm` returned) is watched again, its clock anew."""
+        if previous is None:
+            self.calls.pop(_get_ident(), None)
+        else:
+            self.calls[_get_ident()] = previous
 
     def guard(self, fn: Any, what: Any, domain: Any, on_busy: Any, owner: Any, buffer: tuple | None = None) -> Any:
         """``fn`` as a blocking call of ``owner`` (a process group) in call domain ``domain``.

@@ -39,6 +39,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -310,43 +311,33 @@ def _init_gloo(world: Any) -> bool:
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Run the sweep (in an initialized world); every rank returns the rows (rank 0's are the ones printed)."""
+    """Run the sweep (in an initialized world); every rank returns the rows (rank 0's are the ones printed).
+
+    Every step (a communicator's making, one operation and size with all its
+    variants) runs under hpcdist's watchdog with the world group's timeout: raw
+    MPI calls cannot time out, so a rank stuck in one ends the job with a
+    DistTimeoutError message naming the step (``MPI_Abort``, status 124)
+    rather than leaving the others waiting.
+    """
     from mpi4py import MPI
 
-    world = MPI.COMM_WORLD.Dup()
+    from ._timed import watched
+    from ._world import WORLD
+
+    limit = WORLD.default_pg._timeout_s
+    world = watched(MPI.COMM_WORLD.Dup, limit, "hpcdist bench: duplicating COMM_WORLD")
     me = world.Get_rank()
     ops, sizes, ranks = args.op_list, args.size_list, args.rank_list  # parsed once, by main's checks
-    gloo = not args.no_gloo and _init_gloo(world)
+    gloo = not args.no_gloo and watched(partial(_init_gloo, world), limit, "hpcdist bench: starting gloo")
     rows: list[dict[str, Any]] = []
     steps = len(ranks) * sum(1 if op == "barrier" else len(sizes) for op in ops)
     bar = _Progress(steps, me == 0 and (args.progress or sys.stderr.isatty()))
     for k in ranks:
-        groups, raw, tg = _groups(k, gloo, world)
+        groups, raw, tg = watched(partial(_groups, k, gloo, world), limit, f"hpcdist bench: the groups of {k} ranks")
         for op in ops:
             for nbytes in sizes if op != "barrier" else sizes[:1]:
-                if me < k:
-                    calls = _calls(op, nbytes, k, me, groups, raw, tg, args.symmetric)
-                    iters = _iters(nbytes, args.iters)
-                    best = {v: float("inf") for v in calls}
-                    for _ in range(args.rounds):
-                        for v, fn in calls.items():
-                            best[v] = min(best[v], _time(fn, iters, raw))
-                    moved = 4 * _count(op, nbytes, k) if op != "barrier" else 0
-                    route = groups["hpcdist"].engine("cpu").path(op, moved)
-                    for v, t in best.items():
-                        rows.append(
-                            {
-                                "op": op,
-                                "ranks": k,
-                                "bytes": moved,
-                                "variant": v,
-                                "path": route if v == "hpcdist" else v,
-                                "time_us": t * 1e6,
-                                "algbw_GBps": moved / t / 1e9,
-                                "busbw_GBps": moved / t / 1e9 * BUS[op](k),
-                            }
-                        )
-                world.Barrier()
+                what = f"hpcdist bench: {op} of {human_size(nbytes)} on {k} ranks"
+                rows += watched(partial(_step, op, nbytes, k, world, groups, raw, tg, args), limit, what)
                 bar.step(f"{op} {human_size(nbytes)} x {k} ranks")
         if raw != MPI.COMM_NULL:  # this pass's communicators (the groups go at destroy_process_group)
             raw.Free()
@@ -355,6 +346,37 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         import torch.distributed as tdist
 
         tdist.destroy_process_group()
+    return rows
+
+
+def _step(
+    op: str, nbytes: int, k: int, world: Any, groups: dict[str, Any], raw: Any, tg: Any, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Time every variant of ``op`` at ``nbytes`` on ranks 0..k-1 (the others wait); this rank's rows."""
+    me, rows = world.Get_rank(), []
+    if me < k:
+        calls = _calls(op, nbytes, k, me, groups, raw, tg, args.symmetric)
+        iters = _iters(nbytes, args.iters)
+        best = {v: float("inf") for v in calls}
+        for _ in range(args.rounds):
+            for v, fn in calls.items():
+                best[v] = min(best[v], _time(fn, iters, raw))
+        moved = 4 * _count(op, nbytes, k) if op != "barrier" else 0
+        route = groups["hpcdist"].engine("cpu").path(op, moved)
+        for v, t in best.items():
+            rows.append(
+                {
+                    "op": op,
+                    "ranks": k,
+                    "bytes": moved,
+                    "variant": v,
+                    "path": route if v == "hpcdist" else v,
+                    "time_us": t * 1e6,
+                    "algbw_GBps": moved / t / 1e9,
+                    "busbw_GBps": moved / t / 1e9 * BUS[op](k),
+                }
+            )
+    world.Barrier()
     return rows
 
 

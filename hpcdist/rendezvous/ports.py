@@ -170,11 +170,11 @@ def _watched(deadline: Deadline, what: str) -> Iterator[None]:
     """
     from hpcdist._watchdog import WATCHDOG
 
-    WATCHDOG.arm(max(deadline.left(), 0.0) + _MPI_GRACE_S, what)
+    previous = WATCHDOG.arm(max(deadline.left(), 0.0) + _MPI_GRACE_S, what)
     try:
         yield
     finally:
-        WATCHDOG.disarm()
+        WATCHDOG.disarm(previous)
 
 
 def _merge_round(

@@ -102,6 +102,34 @@ def test_bench_rows_report_the_bytes_moved_at_three_ranks(tmp_path):
         assert float(row["algbw_GBps"]) == pytest.approx(algbw, rel=1e-9)
 
 
+#: rank 1 never makes its first raw MPI call of the sweep, so rank 0 waits in a raw MPI_Allreduce
+_STUCK_PEER = """
+import sys, time
+from mpi4py import MPI
+import hpcdist.bench as bench
+calls = bench._calls
+def stuck(*args):
+    out = calls(*args)
+    if MPI.COMM_WORLD.Get_rank() == 1:
+        out["raw"] = lambda: time.sleep(3600)
+    return out
+bench._calls = stuck
+sys.exit(bench.main(sys.argv[1:]))
+"""
+
+
+def test_a_peer_stuck_in_the_sweep_ends_the_job_naming_the_step():
+    """Raw MPI calls cannot time out: the watchdog ends the job after the group's timeout, naming the step.
+    Before, rank 0 waited in MPI_Allreduce for as long as rank 1 was stuck."""
+    env = dict(_env(), HPCDIST_TIMEOUT="5")
+    cmd = [_mpiexec(), "-n", "2", sys.executable, "-c", _STUCK_PEER, "--ops", "all_reduce", "--sizes", "4K"]
+    cmd += ["--rounds", "1", "--iters", "0.02", "--no-gloo"]
+    r = run_limited(cmd, env=env, limit=90)
+    assert not r.timed_out, r.output
+    assert r.returncode != 0
+    assert "DistTimeoutError" in r.output and "hpcdist bench: all_reduce of 4 KiB on 2 ranks" in r.output, r.output
+
+
 def _env() -> dict[str, str]:
     import os
 

@@ -56,6 +56,21 @@ def test_a_hung_call_fires_while_other_threads_arm_and_disarm():
     assert wd.fired == ["hung call"]
 
 
+def test_an_armed_stretch_is_watched_again_after_a_nested_one():
+    """hpcdist bench arms a whole step; a call inside it that arms and disarms (a segment's setup) must not
+    leave the rest of the step unwatched."""
+    wd = Recording(grace=0.1)
+    outer = wd.arm(0.5, "bench step")
+    assert outer is None
+    inner = wd.arm(30.0, "segment setup")
+    wd.disarm(inner)  # the nested stretch ends well within its limit
+    deadline = time.monotonic() + 20
+    while not wd.fired and time.monotonic() < deadline:
+        time.sleep(0.05)
+    wd.disarm(outer)
+    assert wd.fired == ["bench step"]
+
+
 def test_lazy_conjugate_and_negative_torch_views_raise_hpcdists_type_error():
     torch = pytest.importorskip("torch")
     from hpcdist.buffers.adapters import adapt
