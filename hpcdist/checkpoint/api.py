@@ -3,10 +3,12 @@
 SPMD contract: every rank of ``group`` calls ``save``/``load``/``async_save``
 with the same ``path`` and a state of the same keys, kinds, dtypes and global
 shapes (sharded arrays may be sliced differently on each rank; a load may use
-any slicing, on any number of ranks). A save takes three collectives on the
-group: the summaries gathered to group rank 0 and the plans scattered back,
-then (after the writes) the checksums gathered and the outcome broadcast. A
-load takes two: the metadata broadcast and the outcome all-gathered. An error
+any slicing, on any number of ranks). A save takes four collectives on the
+group: the summaries (with each rank's path) gathered to group rank 0 and the
+plans scattered back, then (after the writes) the checksums gathered and the
+outcome broadcast. A load takes three: the paths gathered, the metadata
+broadcast and the outcome all-gathered. Ranks that pass different paths get a
+:class:`CheckpointError` naming them, before anything is written or read. An error
 on one rank (bad state, full disk, corrupt file) reaches every rank as a
 :class:`CheckpointError`: no rank is left waiting in a collective.
 """
@@ -21,10 +23,11 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from ..group import ProcessGroup, resolve_group
+from ..group import GroupMember, ProcessGroup, resolve_group
 from ..objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 from . import layout as _layout
 from . import read as _read
+from . import swap as _swap
 from . import write as _write
 from .errors import CheckpointError
 from .plan import Plan, make_plans
@@ -38,18 +41,23 @@ _INFLIGHT_LOCK = threading.Lock()
 
 
 def group_of(group: Any, what: str) -> ProcessGroup:
+    """The ProcessGroup of ``group``; ValueError (no warning first) when this rank is not one of its members."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(
+            f"{what}: group is GroupMember.NON_GROUP_MEMBER (new_group's result on a rank outside it): this rank "
+            "is not a member; only the group's members call it"
+        )
     pg = resolve_group(group, what)
-    if pg is None:
-        raise ValueError(f"{what}: this rank is not a member of group {group!r}; only members call it")
+    assert pg is not None  # resolve_group returns None only for NON_GROUP_MEMBER
     return pg
 
 
 def wait_inflight(pg: ProcessGroup) -> None:
-    """Finish the async save in flight on ``pg`` (if any); its error surfaces here."""
+    """Finish the async save in flight on ``pg`` (if any); an error not yet seen through its SaveWork surfaces here."""
     with _INFLIGHT_LOCK:
         work = _INFLIGHT.pop(pg, None)
     if work is not None:
-        work.wait()
+        work.settle()
 
 
 def _h5py_mpi() -> bool:
@@ -86,32 +94,45 @@ def _raise_first(outcomes: list[Any], what: str) -> None:
     raise CheckpointError(f"{what} failed {text}")
 
 
+def same_paths(paths: list[str]) -> None:
+    """Raise (group rank 0) when the ranks passed different paths, naming the ranks and the paths."""
+    others = [r for r, p in enumerate(paths) if p != paths[0]]
+    if others:
+        raise CheckpointError(
+            f"the ranks passed different paths: group rank(s) {others} passed {paths[others[0]]!r}, group "
+            f"rank 0 {paths[0]!r}; every rank must pass the same path (build it from a step all ranks share)"
+        )
+
+
+def _plans_on_root(gathered: list[Any], final: Path, layout: str, overwrite: bool) -> list[Plan]:
+    """Group rank 0: check the paths, the target and the summaries; the temporary directory and every plan."""
+    same_paths([g[0] for g in gathered])
+    token = uuid.uuid4().hex[:12]
+    tmp = _write.new_tmp(final, token)
+    try:
+        _write.check_target(final, overwrite)
+        return make_plans([g[1] for g in gathered], str(tmp), token, layout)
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def agree(pg: ProcessGroup, host: list, final: Path, layout: str, overwrite: bool) -> Plan:
-    """Summaries to rank 0, plans back; returns this rank's plan. Collective."""
+    """Summaries (with the path) to rank 0, plans back; returns this rank's plan. Collective."""
     rank, size = pg.rank(), pg.size()
-    summary = [h.entry for h in host]
+    summary = (str(final), [h.entry for h in host])
     gathered: list[Any] = [None] * size if rank == 0 else []
     gather_object(summary, gathered if rank == 0 else None, group=pg, group_dst=0)
     plans: list[Any] = [None] * size
     if rank == 0:
         try:
-            if final.exists() and not overwrite:
-                raise CheckpointError(
-                    f"{str(final)!r} exists already; pass overwrite=True to replace it, or save under a new name"
-                )
-            token = uuid.uuid4().hex[:12]
-            tmp = _write.new_tmp(final, token)
-            try:
-                plans = make_plans(gathered, str(tmp), token, layout)
-            except Exception:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
+            plans = _plans_on_root(gathered, final, layout, overwrite)
         except Exception as exc:
-            plans = [_fail(exc)] * size
+            plans = [f"save to {str(final)!r}: {_fail(exc)}"] * size
     mine: list[Any] = [None]
     scatter_object_list(mine, plans if rank == 0 else None, group=pg, group_src=0)
     if isinstance(mine[0], str):
-        raise CheckpointError(mine[0] if "failed on group rank" in mine[0] else f"save to {str(final)!r}: {mine[0]}")
+        raise CheckpointError(mine[0])
     return mine[0]
 
 
@@ -131,13 +152,13 @@ def finish_sync(pg: ProcessGroup, plan: Plan, host: list, final: Path, overwrite
     gather_object(result, gathered if rank == 0 else None, group=pg, group_dst=0)
     outcome: list[Any] = [None]
     if rank == 0:
+        failed = [g if isinstance(g, str) else None for g in gathered]
         try:
-            _raise_first([g if isinstance(g, str) else None for g in gathered], f"save to {str(final)!r}")
-            records = [rec for g in gathered for rec in g]
-            _write.commit(plan, final, records, size, overwrite)
+            _raise_first(failed, f"save to {str(final)!r}")  # a rank's write failed: the error names the save
+            _write.commit(plan, final, [rec for g in gathered for rec in g], size, overwrite)
         except Exception as exc:
             shutil.rmtree(plan.tmp, ignore_errors=True)
-            outcome[0] = str(exc) if isinstance(exc, CheckpointError) else _fail(exc)
+            outcome[0] = str(exc) if any(failed) else f"save to {str(final)!r}: {_fail(exc)}"
     broadcast_object_list(outcome, group=pg, group_src=0)
     if outcome[0] is not None:
         raise CheckpointError(outcome[0])
@@ -165,7 +186,9 @@ def save(
         layout: ``"per-rank"`` (one HDF5 file per writing rank), ``"single-file"``
             (one HDF5 file written collectively through MPI-IO; needs h5py with
             parallel HDF5), or ``"auto"`` (single-file where possible).
-        overwrite: replace an existing checkpoint at ``path``.
+        overwrite: replace an existing checkpoint (or empty directory) at
+            ``path``; anything else there (a file, a directory of other things)
+            is refused, never deleted.
 
     Returns:
         The checkpoint's path. It exists, complete and synced to disk, on return;
@@ -176,8 +199,9 @@ def save(
             raised on the calling rank before any message moves (a rank that
             raises leaves the others to time out, as with any collective).
         CheckpointError: on every rank, when any rank failed later (ranks that
-            disagree on keys or shapes, shards that do not tile the array, an
-            existing ``path``, a write error; the message names the rank).
+            disagree on keys or shapes or pass different paths, shards that do
+            not tile the array, an existing ``path`` that may not be replaced, a
+            write error; the message names the rank).
     """
     pg = group_of(group, "checkpoint.save")
     wait_inflight(pg)
@@ -227,23 +251,14 @@ def load(
     pg = group_of(group, "checkpoint.load")
     wait_inflight(pg)
     root = Path(path).absolute()
-    box: list[Any] = [None]
-    if pg.rank() == 0:
-        try:
-            box[0] = _layout.read_metadata(root)
-        except Exception as exc:
-            box[0] = str(exc) if isinstance(exc, (FileNotFoundError, ValueError)) else _fail(exc)
-    broadcast_object_list(box, group=pg, group_src=0)
-    if isinstance(box[0], str):
-        raise CheckpointError(f"load from {str(root)!r}: {box[0]}")
-    meta = box[0]
+    meta = metadata_of(pg, root)
     error: Any = None
     structure: BaseException | None = None
     files = _read.Files(root)
     try:
         pairs = _read.check_structure(_layout.flatten(state), meta, strict, root)
         for leaf, entry in pairs:
-            _read.read_leaf(files, leaf, entry, verify, trusted)
+            _read.read_leaf_named(files, leaf, entry, verify, trusted, pg.rank())
     except Exception as exc:
         structure = exc
         error = str(exc) if isinstance(exc, CheckpointError) else _fail(exc)
@@ -257,3 +272,25 @@ def load(
         raise CheckpointError(f"load from {str(root)!r}: {error}") from structure
     _raise_first(outcomes, f"load from {str(root)!r}")
     return state
+
+
+def _metadata_on_root(paths: list[str], root: Path) -> Any:
+    """Group rank 0: the checked metadata, or the error text (different paths, no checkpoint, damaged)."""
+    try:
+        same_paths(paths)
+        _swap.recover(root)
+        return _layout.read_metadata(root)
+    except Exception as exc:
+        return str(exc) if isinstance(exc, (FileNotFoundError, ValueError)) else _fail(exc)
+
+
+def metadata_of(pg: ProcessGroup, root: Path) -> dict[str, Any]:
+    """Paths gathered to group rank 0, which reads and checks the metadata once; broadcast. Collective."""
+    rank, size = pg.rank(), pg.size()
+    paths: list[Any] = [None] * size if rank == 0 else []
+    gather_object(str(root), paths if rank == 0 else None, group=pg, group_dst=0)
+    box: list[Any] = [_metadata_on_root(paths, root) if rank == 0 else None]
+    broadcast_object_list(box, group=pg, group_src=0)
+    if isinstance(box[0], str):
+        raise CheckpointError(f"load from {str(root)!r}: {box[0]}")
+    return box[0]

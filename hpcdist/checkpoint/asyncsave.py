@@ -12,15 +12,26 @@ writes the metadata and renames the directory; the other ranks' threads wait
 until the checkpoint carries this save's token (or a ``FAILED`` marker). So the
 directory where checkpoints live must be shared by the ranks (as for any save).
 
+A failed save leaves nothing: a rank whose write fails removes its partial
+file before writing its result; rank 0's thread removes every data file before
+writing the ``FAILED`` marker (so a full disk has room for it), waits until
+every peer has seen the marker (``rank-NNNNN.failed-seen``, up to the group's
+timeout) and removes the temporary directory. Errors name the group rank and,
+for a failed write, the file.
+
 At most one async save is in flight per group: a second ``async_save`` (and
-``save``/``load`` on the group) first waits for the one in flight. Async saves
+``save``/``load`` on the group) first waits for the one in flight, and raises
+its error unless ``wait``/``result``/``exception`` already handed it over. Async saves
 always use the per-rank layout (MPI-IO would be collective in the thread).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -39,6 +50,10 @@ _FAILED = "FAILED"
 
 def _result_name(rank: int) -> str:
     return f"rank-{rank:05d}.result.json"
+
+
+def _seen_name(rank: int) -> str:
+    return f"rank-{rank:05d}.failed-seen"
 
 
 class SaveWork:
@@ -62,6 +77,7 @@ class SaveWork:
         self._timeout_s = timeout_s
         self._overwrite = overwrite
         self._exc: BaseException | None = None
+        self._seen = False  # the error was handed to the caller (wait, result, exception)
         self._thread = threading.Thread(target=self._run, name=f"hpcdist-async-save-{path.name}")
 
     def _start(self) -> None:
@@ -75,54 +91,98 @@ class SaveWork:
             self._exc = (
                 exc
                 if isinstance(exc, CheckpointError)
-                else CheckpointError(f"async save to {str(self.path)!r}: {type(exc).__name__}: {exc}")
+                else CheckpointError(
+                    f"async save to {str(self.path)!r} failed on group rank {self._rank}: {type(exc).__name__}: {exc}"
+                )
             )
         finally:
             self._host = []  # the host copies are no longer needed
 
     def _write_and_commit(self) -> None:
         tmp = Path(self._plan.tmp)
-        result: dict[str, Any]
-        try:
-            result = {"records": _write.write_rank(self._plan, self._host, self._rank)}
-        except Exception as exc:
-            result = {"error": f"{type(exc).__name__}: {exc}"}
-        part = tmp / (_result_name(self._rank) + ".part")
-        _layout.write_json(part, result)
-        os.rename(part, tmp / _result_name(self._rank))
+        result = self._write_mine(tmp)
         deadline = time.monotonic() + self._timeout_s
         if self._rank == 0:
-            self._commit(tmp, deadline)
+            self._commit(tmp, result, deadline)
         else:
+            self._publish(tmp, result, deadline)
             self._await_commit(tmp, deadline)
         if "error" in result:
-            raise CheckpointError(f"async save to {str(self.path)!r} failed on this rank: {result['error']}")
+            raise CheckpointError(
+                f"async save to {str(self.path)!r} failed on group rank {self._rank}: {result['error']}"
+            )
 
-    def _commit(self, tmp: Path, deadline: float) -> None:
-        names = [tmp / _result_name(r) for r in range(self._size)]
-        results: list[dict[str, Any] | None] = [None] * self._size
+    def _write_mine(self, tmp: Path) -> dict[str, Any]:
+        """This rank's file; on failure its partial file is removed (a full disk needs room for the result file)."""
         try:
-            _poll(lambda: all(p.exists() for p in names), deadline)
+            return {"records": _write.write_rank(self._plan, self._host, self._rank)}
+        except Exception as exc:
+            mine = tmp / _write.rank_file(self._rank)
+            with contextlib.suppress(OSError):
+                mine.unlink(missing_ok=True)
+            return {"error": f"writing {str(mine)!r}: {type(exc).__name__}: {exc}"}
+
+    def _publish(self, tmp: Path, result: dict[str, Any], deadline: float) -> None:
+        """A rank other than 0: its result file, for rank 0's thread to collect.
+
+        On a full disk the write is retried until the deadline: the ranks whose
+        writes failed are removing their partial files meanwhile.
+        """
+        part = tmp / (_result_name(self._rank) + ".part")
+        while True:
+            try:
+                _layout.write_json(part, result)
+                os.rename(part, tmp / _result_name(self._rank))
+                return
+            except OSError as exc:
+                if time.monotonic() > deadline or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    earlier = f" (after: {result['error']})" if "error" in result else ""
+                    raise CheckpointError(
+                        f"async save to {str(self.path)!r} failed on group rank {self._rank}: cannot write its result "
+                        f"file {str(part)!r}: {exc}{earlier}; group rank 0 gives up after the group's timeout"
+                    ) from None
+                time.sleep(0.05)
+
+    def _commit(self, tmp: Path, mine: dict[str, Any], deadline: float) -> None:
+        names = {r: tmp / _result_name(r) for r in range(1, self._size)}
+        try:
+            _poll(lambda: all(p.exists() for p in names.values()), deadline)
         except TimeoutError:
-            late = [r for r, p in enumerate(names) if not p.exists()]
-            self._give_up(tmp, f"group ranks {late} did not finish writing within {self._timeout_s:g}s")
-        for r, p in enumerate(names):
+            late = [r for r, p in names.items() if not p.exists()]
+            self._give_up(tmp, f"group ranks {late} did not finish writing within {self._timeout_s:g}s", deadline)
+        results = [mine]
+        for p in names.values():
             with open(p) as fh:
-                results[r] = json.load(fh)
-        errors = [f"rank {r}: {res['error']}" for r, res in enumerate(results) if res and "error" in res]
+                results.append(json.load(fh))
+        errors = [f"group rank {r}: {res['error']}" for r, res in enumerate(results) if "error" in res]
         if errors:
-            self._give_up(tmp, "; ".join(errors))
-        for p in names:
+            self._give_up(tmp, "; ".join(errors), deadline)
+        for p in names.values():
             p.unlink()
-        records = [rec for res in results if res for rec in res["records"]]
+        records = [rec for res in results for rec in res["records"]]
         try:
             _write.commit(self._plan, self.path, records, self._size, self._overwrite)
         except Exception as exc:
-            self._give_up(tmp, f"{type(exc).__name__}: {exc}")
+            self._give_up(tmp, f"group rank 0 committing: {type(exc).__name__}: {exc}", deadline)
 
-    def _give_up(self, tmp: Path, why: str) -> None:
+    def _give_up(self, tmp: Path, why: str, deadline: float) -> None:
+        """Rank 0: free the data files, tell the peers (FAILED marker), wait for them to see it, remove ``tmp``."""
         msg = f"async save to {str(self.path)!r} failed: {why}"
-        _layout.write_json(tmp / _FAILED, {"error": msg})
+        for p in tmp.iterdir():  # the data first: a full disk then has room for the marker
+            with contextlib.suppress(OSError):
+                p.unlink()
+        try:
+            _layout.write_json(tmp / _FAILED, {"error": msg})
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(
+                f"{msg}; the {_FAILED} marker could not be written either ({exc}), so the other ranks give up "
+                "after the group's timeout"
+            ) from None
+        seen = [tmp / _seen_name(r) for r in range(1, self._size)]
+        with contextlib.suppress(TimeoutError):
+            _poll(lambda: all(p.exists() for p in seen), deadline)
+        shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(msg)
 
     def _await_commit(self, tmp: Path, deadline: float) -> None:
@@ -141,11 +201,15 @@ class SaveWork:
             _poll(committed, deadline)
         except TimeoutError:
             raise CheckpointError(
-                f"async save to {str(self.path)!r}: group rank 0 did not commit within {self._timeout_s:g}s"
+                f"async save to {str(self.path)!r}: group rank 0 did not commit within {self._timeout_s:g}s "
+                f"(seen from group rank {self._rank})"
             ) from None
         if (tmp / _FAILED).exists():
             with open(tmp / _FAILED) as fh:
-                raise CheckpointError(json.load(fh)["error"])
+                msg = json.load(fh)["error"]
+            with contextlib.suppress(OSError):
+                (tmp / _seen_name(self._rank)).touch()  # rank 0 removes tmp once every peer has seen it
+            raise CheckpointError(msg)
 
     # ---------------------------------------------------------------- Work API
     def wait(self, timeout: float | None = None) -> bool:
@@ -154,8 +218,16 @@ class SaveWork:
         if self._thread.is_alive():
             raise TimeoutError(f"async save to {str(self.path)!r} still running after {timeout}s")
         if self._exc is not None:
+            self._seen = True
             raise self._exc
         return True
+
+    def settle(self) -> None:
+        """Wait for the save; raise its error only if nobody has seen it yet (the next save/load on the group)."""
+        self._thread.join()
+        if self._exc is not None and not self._seen:
+            self._seen = True
+            raise self._exc
 
     def is_completed(self) -> bool:
         """Non-blocking: has the save finished (committed or failed)?"""
@@ -163,7 +235,10 @@ class SaveWork:
 
     def exception(self) -> BaseException | None:
         """The save's error once it finished (None while running or after success)."""
-        return None if self._thread.is_alive() else self._exc
+        if self._thread.is_alive():
+            return None
+        self._seen = self._seen or self._exc is not None
+        return self._exc
 
     # the concurrent.futures.Future names (torch's DCP async_save returns one)
     def done(self) -> bool:

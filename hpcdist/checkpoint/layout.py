@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import arrays
+from . import arrays, schema
 from .shard import Shard, Sharded
 
 __all__ = ["META_NAME", "Leaf", "flatten", "latest", "read_metadata", "write_json"]
@@ -156,7 +156,7 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def read_metadata(path: Path) -> dict[str, Any]:
-    """The metadata of the checkpoint at ``path`` (raises FileNotFoundError/ValueError with the fix)."""
+    """The metadata of the checkpoint at ``path``, checked (raises FileNotFoundError/ValueError/CheckpointError)."""
     meta_path = path / META_NAME
     if not meta_path.is_file():
         if not path.exists():
@@ -165,14 +165,21 @@ def read_metadata(path: Path) -> dict[str, Any]:
             f"{str(path)!r} is not a complete hpcdist checkpoint: it has no {META_NAME} "
             "(use checkpoint.latest(dir) to find the newest complete one)"
         )
-    with open(meta_path) as fh:
-        meta = json.load(fh)
-    if meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
+    try:
+        with open(meta_path, encoding="utf-8") as fh:
+            meta = json.load(fh)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(
-            f"{str(meta_path)!r} is format {meta.get('format')!r} version {meta.get('version')!r}; this hpcdist "
+            f"the checkpoint's metadata {str(meta_path)!r} is damaged: not valid JSON ({exc}); load an older "
+            "checkpoint (see checkpoint.latest)"
+        ) from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
+        got = (meta.get("format"), meta.get("version")) if isinstance(meta, dict) else (type(meta).__name__, None)
+        raise ValueError(
+            f"{str(meta_path)!r} is format {got[0]!r} version {got[1]!r}; this hpcdist "
             f"reads {FORMAT!r} version {FORMAT_VERSION}"
         )
-    return meta
+    return schema.validate(meta, str(meta_path))
 
 
 def key_from_json(key: list[Any]) -> tuple[Any, ...]:
@@ -186,13 +193,34 @@ def _natural(name: str) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in _NUM.split(name)]
 
 
+#: the name a commit gives the previous checkpoint while it swaps in the new one (see swap.py)
+_OLD = re.compile(r"^\.(?P<name>.+)\.old-[0-9a-f]+$")
+
+
+def _orphans(d: Path, taken: set[str]) -> dict[str, Path]:
+    """Previous checkpoints left as ``.NAME.old-TOKEN`` by a crash during an overwrite, whose NAME is missing."""
+    found: dict[str, Path] = {}
+    olds = [p for p in d.iterdir() if _OLD.match(p.name) and (p / META_NAME).is_file()]
+    for p in sorted(olds, key=lambda q: q.stat().st_mtime, reverse=True):  # the newest copy of a name wins
+        name = _OLD.match(p.name)["name"]  # type: ignore[index]
+        if name not in taken and not (d / name).exists():
+            found.setdefault(name, p)
+    return found
+
+
 def complete_checkpoints(directory: str | os.PathLike) -> Iterator[Path]:
-    """The complete checkpoints directly under ``directory``, oldest first (natural name order)."""
+    """The complete checkpoints directly under ``directory``, oldest first (natural name order).
+
+    A checkpoint whose overwrite was killed between its two renames is found
+    under its hidden name ``.NAME.old-TOKEN`` (the next save or load of NAME
+    renames it back).
+    """
     d = Path(directory)
     if not d.is_dir():
         return iter(())
-    found = [p for p in d.iterdir() if not p.name.startswith(".") and (p / META_NAME).is_file()]
-    return iter(sorted(found, key=lambda p: _natural(p.name)))
+    found = {p.name: p for p in d.iterdir() if not p.name.startswith(".") and (p / META_NAME).is_file()}
+    found.update(_orphans(d, set(found)))
+    return iter(found[name] for name in sorted(found, key=_natural))
 
 
 def latest(directory: str | os.PathLike) -> Path | None:

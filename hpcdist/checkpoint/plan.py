@@ -18,10 +18,7 @@ import numpy as np
 
 from .errors import CheckpointError
 
-__all__ = ["Entry", "Plan", "make_plans"]
-
-#: a sharded array's boxes are checked pairwise for overlap up to this many distinct boxes
-_PAIRWISE_LIMIT = 512
+__all__ = ["Entry", "Plan", "check_tiling", "make_plans", "tiling_problem"]
 
 
 @dataclass
@@ -74,28 +71,59 @@ def check_same(summaries: list[list[Entry]]) -> None:
                 )
 
 
-def _overlap(a: tuple[tuple[int, ...], tuple[int, ...]], b: tuple[tuple[int, ...], tuple[int, ...]]) -> bool:
+Box = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def _overlap(a: Box, b: Box) -> bool:
     return all(max(ao, bo) < min(ao + asz, bo + bsz) for ao, asz, bo, bsz in zip(a[0], a[1], b[0], b[1]))
 
 
-def check_tiling(name: str, shape: tuple[int, ...], boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> None:
-    """The distinct boxes of a sharded array must cover it exactly, without overlap."""
+def _first_overlap(boxes: list[Box]) -> tuple[Box, Box] | None:
+    """Two non-empty boxes that overlap, or None: a sweep along the dimension with the most distinct starts."""
+    nonempty = [b for b in boxes if all(b[1])]
+    if len(nonempty) < 2:
+        return None
+    ndim = len(nonempty[0][0])
+    d = max(range(ndim), key=lambda k: len({b[0][k] for b in nonempty})) if ndim else 0
+    if ndim == 0:
+        return nonempty[0], nonempty[1]  # two 0-d boxes are the same element
+    ordered = sorted(nonempty, key=lambda b: b[0][d])
+    for i, a in enumerate(ordered):
+        end = a[0][d] + a[1][d]
+        for b in ordered[i + 1 :]:
+            if b[0][d] >= end:
+                break  # every later box starts later still
+            if _overlap(a, b):
+                return a, b
+    return None
+
+
+def tiling_problem(shape: tuple[int, ...], boxes: list[Box]) -> str | None:
+    """What keeps ``boxes`` from tiling an array of ``shape`` exactly (an overlap or a gap), or None."""
+    pair = _first_overlap(boxes)
+    if pair is not None:
+        a, b = pair
+        return f"the boxes at offsets {a[0]} (sizes {a[1]}) and {b[0]} (sizes {b[1]}) overlap"
     total = int(np.prod(shape, dtype=np.int64))
     volume = sum(int(np.prod(s, dtype=np.int64)) for _, s in boxes)
-    nonempty = [b for b in boxes if all(b[1])]
-    if len(nonempty) <= _PAIRWISE_LIMIT:
-        for i, a in enumerate(nonempty):
-            for b in nonempty[i + 1 :]:
-                if _overlap(a, b):
-                    raise CheckpointError(
-                        f"sharded array {name!r}: the boxes at offsets {a[0]} (sizes {a[1]}) and {b[0]} "
-                        f"(sizes {b[1]}) overlap but differ; ranks holding the same data must hold the same box"
-                    )
     if volume != total:
+        return f"the boxes hold {volume} elements, not {total}: part of the array is in no box"
+    return None
+
+
+def check_tiling(name: str, shape: tuple[int, ...], boxes: list[Box]) -> None:
+    """The distinct boxes of a sharded array must cover it exactly, without overlap (at save)."""
+    problem = tiling_problem(shape, boxes)
+    if problem is None:
+        return
+    if "overlap" in problem:
         raise CheckpointError(
-            f"sharded array {name!r} of global shape {shape}: the ranks' boxes hold {volume} elements, not {total}; "
-            "the shards must cover the whole array (a missing piece would be saved as garbage)"
+            f"sharded array {name!r}: {problem} but differ; ranks holding the same data must hold the same box"
         )
+    raise CheckpointError(
+        f"sharded array {name!r} of global shape {shape}: {problem}; the shards must cover the whole array "
+        "(a missing piece would be saved as garbage)"
+    )
 
 
 def make_plans(summaries: list[list[Entry]], tmp: str, token: str, layout: str) -> list[Plan]:

@@ -6,7 +6,9 @@ hyperslab read (``read_direct``) into place. With ``verify`` the read is widened
 to whole checksum blocks (rows along dimension 0 of the piece, all columns) so
 every block touched is checked against its CRC-32: a piece split along a later
 dimension costs extra reads then; ``verify=False`` reads the exact hyperslabs.
-The pieces tile the array (checked at save), and the read volume is counted:
+The pieces tile the array (checked at save, and again on the metadata at
+load, :mod:`.schema`), each dataset read must hold the box the metadata names
+(its shape and ``hpcdist_offsets`` attribute), and the read volume is counted:
 an uncovered element is an error, never left as it was.
 """
 
@@ -21,7 +23,7 @@ from . import arrays, values
 from .errors import CheckpointError, ChecksumError, StructureError
 from .layout import Leaf, crc32
 
-__all__ = ["Files", "check_structure", "read_leaf"]
+__all__ = ["Files", "check_structure", "read_leaf", "read_leaf_named"]
 
 #: checksum blocks read at a time when verifying (about 64 MiB with the default block size)
 _CHUNK_BLOCKS = 16
@@ -33,10 +35,12 @@ class Files:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._open: dict[str, Any] = {}
+        self.current: str | None = None  # the file last used (named in errors)
 
     def dataset(self, file: str, name: str) -> Any:
         import h5py
 
+        self.current = file
         f = self._open.get(file)
         if f is None:
             f = self._open[file] = h5py.File(self.root / file, "r")
@@ -67,6 +71,9 @@ def check_structure(leaves: list[Leaf], meta: dict[str, Any], strict: bool, path
     for name, leaf in mine.items():
         e = saved.get(name)
         if e is None:
+            continue
+        if isinstance(leaf.value, np.ndarray) and not leaf.value.flags.writeable:
+            problems.append(f"{name!r}: the state's NumPy array is read-only; pass a writable array to load into")
             continue
         if (leaf.kind == "object") != (e["kind"] == "object"):
             what = "a value" if e["kind"] == "object" else "an array"
@@ -114,9 +121,47 @@ def _read_object(files: Files, e: dict[str, Any], verify: bool, trusted: bool) -
         d.read_direct(buf)
     if verify:
         flat = buf.reshape(-1)
-        if piece["crc32"]:
-            _verify(flat.view(np.uint8) if flat.size else flat, piece["crc32"][0], piece["file"], e["name"], 0)
+        if len(piece["crc32"]) != (1 if flat.size else 0):  # the writer stores one for any non-empty value
+            raise ChecksumError(
+                f"file {piece['file']!r}, key {e['name']!r}: the metadata lists {len(piece['crc32'])} checksums for a "
+                f"value of {flat.size} elements; the metadata is damaged: load an older checkpoint (see checkpoint.latest)"
+            )
+        if flat.size:
+            _verify(flat.view(np.uint8), piece["crc32"][0], piece["file"], e["name"], 0)
     return values.decode(e["encoding"], buf, trusted)
+
+
+def _ints_attr(attrs: Any, name: str) -> list[int] | None:
+    return [int(x) for x in np.asarray(attrs[name]).reshape(-1)] if name in attrs else None
+
+
+def _dataset_problem(d: Any, piece: dict, e: dict[str, Any]) -> str | None:
+    """How the dataset disagrees with the piece the metadata describes (shape, offsets attributes), or None."""
+    offsets = _ints_attr(d.attrs, "hpcdist_offsets")
+    gshape = _ints_attr(d.attrs, "hpcdist_global_shape")
+    if gshape is not None and gshape != e["shape"]:
+        return f"its hpcdist_global_shape is {gshape}, the metadata's shape {e['shape']}"
+    if offsets is None:  # single-file layout: the dataset is the whole array, the piece sits at its offsets
+        want, at = list(e["shape"]), piece["offsets"]
+    else:  # per-rank layout: the dataset is the piece
+        want, at = piece["sizes"], [0] * len(piece["sizes"])
+        if offsets != piece["offsets"]:
+            return f"its hpcdist_offsets are {offsets}, the metadata's offsets {piece['offsets']}"
+    if piece["at"] != at:
+        return f"the metadata places the piece at {piece['at']} in the dataset, not at {at}"
+    if list(d.shape) != want:
+        return f"it has shape {list(d.shape)}, not {want}"
+    return None
+
+
+def _check_dataset(d: Any, piece: dict, e: dict[str, Any]) -> None:
+    problem = _dataset_problem(d, piece, e)
+    if problem is not None:
+        raise CheckpointError(
+            f"file {piece['file']!r}, key {e['name']!r}: dataset {piece['dataset']!r} does not hold the piece at "
+            f"offsets {piece['offsets']} the metadata names: {problem}; the checkpoint is damaged: load an older "
+            "checkpoint (see checkpoint.latest)"
+        )
 
 
 def _intersect(
@@ -133,7 +178,7 @@ def _intersect(
 
 def _read_piece(
     files: Files,
-    name: str,
+    e: dict[str, Any],
     piece: dict,
     box: list[tuple[int, int]],
     want_off: tuple[int, ...],
@@ -141,7 +186,9 @@ def _read_piece(
     verify: bool,
 ) -> None:
     """Read the part ``box`` (global coordinates) of one saved piece into ``out`` (the wanted box)."""
+    name = e["name"]
     d = files.dataset(piece["file"], piece["dataset"])
+    _check_dataset(d, piece, e)
     p_off, at = piece["offsets"], piece["at"]
     dest = tuple(slice(lo - w, hi - w) for (lo, hi), w in zip(box, want_off))
     if out.ndim == 0:
@@ -207,7 +254,7 @@ def read_leaf(files: Files, leaf: Leaf, e: dict[str, Any], verify: bool, trusted
         box = _intersect(list(shard.offsets), list(shard.sizes), piece["offsets"], piece["sizes"])
         if box is None:
             continue
-        _read_piece(files, e["name"], piece, box, shard.offsets, out, verify)
+        _read_piece(files, e, piece, box, shard.offsets, out, verify)
         covered += int(np.prod([hi - lo for lo, hi in box], dtype=np.int64))
     want = int(np.prod(shard.sizes, dtype=np.int64))
     if out.ndim == 0:
@@ -219,3 +266,15 @@ def read_leaf(files: Files, leaf: Leaf, e: dict[str, Any], verify: bool, trusted
         )
     if out is not target and not (direct and target.dtype.name == "bfloat16"):
         arrays.fill(target, out)
+
+
+def read_leaf_named(files: Files, leaf: Leaf, e: dict[str, Any], verify: bool, trusted: bool, rank: int) -> None:
+    """:func:`read_leaf`; any error that is not a CheckpointError comes back as one naming the key, file and rank."""
+    files.current = None
+    try:
+        read_leaf(files, leaf, e, verify, trusted)
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        where = f"file {files.current!r}" if files.current else "no file opened yet"
+        raise CheckpointError(f"group rank {rank}: key {e['name']!r}, {where}: {type(exc).__name__}: {exc}") from exc

@@ -24,11 +24,16 @@ __all__ = ["Shard", "Sharded"]
 
 def _ints(name: str, value: Any) -> tuple[int, ...]:
     try:
-        out = tuple(int(v) for v in value)
-    except TypeError:
+        items = tuple(value)
+        out = tuple(int(v) for v in items)
+    except (TypeError, ValueError):
         raise TypeError(f"{name} must be a sequence of ints, got {value!r}") from None
-    if any(isinstance(v, bool) for v in value) or any(v < 0 for v in out):
-        raise ValueError(f"{name} must be non-negative ints, got {tuple(value)!r}")
+    if any(isinstance(v, bool) or o != v for v, o in zip(items, out)):
+        raise TypeError(
+            f"{name} must be a sequence of ints, got {items!r} (bools and non-integral numbers are refused, not truncated)"
+        )
+    if any(v < 0 for v in out):
+        raise ValueError(f"{name} must be non-negative ints, got {items!r}")
     return out
 
 
@@ -76,16 +81,21 @@ class Shard:
 
         Args:
             global_shape: the shape of the whole array.
-            dim: the dimension that is split.
+            dim: the dimension that is split (negative counts from the end, as ``torch.chunk``).
             index: which piece, 0..parts-1 (usually this rank's index along the split).
-            parts: into how many pieces ``dim`` is split.
+            parts: into how many pieces ``dim`` is split (at least 1).
 
         Returns:
             The :class:`Shard` of that piece.
         """
         g = tuple(int(x) for x in global_shape)
-        if not 0 <= dim < len(g):
-            raise ValueError(f"dim must be in 0..{len(g) - 1} for global shape {g}, got {dim}")
+        if not g:
+            raise ValueError(f"Shard.even: global shape {g} has no dimension to split; use Shard.whole(())")
+        if not -len(g) <= dim < len(g):
+            raise ValueError(f"dim must be in {-len(g)}..{len(g) - 1} for global shape {g}, got {dim}")
+        dim %= len(g)
+        if parts < 1:
+            raise ValueError(f"parts must be a positive int (how many pieces dim {dim} is split into), got {parts}")
         if not 0 <= index < parts:
             raise ValueError(f"index must be in 0..{parts - 1}, got {index}")
         off, size = _chunk(0, g[dim], index, parts)

@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from . import arrays, values
+from . import arrays, swap, values
 from .errors import CheckpointError
 from .layout import FORMAT, FORMAT_VERSION, META_NAME, Leaf, block_rows, checksums, fsync_path, write_json
 from .plan import Entry, Plan
 
-__all__ = ["HostLeaf", "commit", "prepare", "write_rank"]
+__all__ = ["HostLeaf", "check_target", "commit", "new_tmp", "prepare", "write_rank"]
 
 DATA_FILE = "data.h5"
 
@@ -183,23 +183,56 @@ def commit(plan: Plan, final: Path, records: list[dict[str, Any]], world: int, o
         fsync_path(tmp / DATA_FILE)
     write_json(tmp / META_NAME, metadata(plan.datasets, records, world, plan.layout, plan.token))
     fsync_path(tmp, directory=True)
-    old = None
-    if final.exists():
-        if not overwrite:
-            raise CheckpointError(f"{str(final)!r} appeared during the save; pass overwrite=True to replace it")
-        old = final.parent / f".{final.name}.old-{plan.token}"
-        os.rename(final, old)
+    check_target(final, overwrite)  # again: something may have appeared during the save
+    if not final.exists():
+        os.rename(tmp, final)
+        fsync_path(final.parent, directory=True)
+        return
+    if swap.exchange(tmp, final):  # atomic: final holds the new checkpoint, tmp the old one
+        fsync_path(final.parent, directory=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    old = final.parent / f".{final.name}.old-{plan.token}"
+    os.rename(final, old)  # a crash from here to the next rename is repaired by swap.recover
     os.rename(tmp, final)
     fsync_path(final.parent, directory=True)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _holds(path: Path) -> str:
+    names = sorted(p.name for p in path.iterdir())
+    return f"{names[:5]}{' and more' if len(names) > 5 else ''}"
+
+
+def check_target(final: Path, overwrite: bool) -> None:
+    """Refuse to replace anything but an hpcdist checkpoint or an empty directory (and anything without overwrite)."""
+    if not final.exists() and not final.is_symlink():
+        return
+    if not overwrite:
+        raise CheckpointError(
+            f"{str(final)!r} exists already; pass overwrite=True to replace it, or save under a new name"
+        )
+    fix = "overwrite=True replaces only an hpcdist checkpoint or an empty directory: move it away or save under another name"
+    if final.is_symlink() or not final.is_dir():
+        what = "a symbolic link" if final.is_symlink() else "a file"
+        raise CheckpointError(f"{str(final)!r} exists and is {what}, not a checkpoint; {fix}")
+    if not (final / META_NAME).is_file() and any(final.iterdir()):
+        raise CheckpointError(
+            f"{str(final)!r} exists and is a directory but not an hpcdist checkpoint (no {META_NAME}; it holds "
+            f"{_holds(final)}); {fix}"
+        )
 
 
 def new_tmp(final: Path, token: str) -> Path:
-    """Create the temporary directory of a save of ``final``; stale ones of earlier killed saves are removed."""
+    """Create the temporary directory of a save of ``final`` (group rank 0).
+
+    First a previous checkpoint that a crash during an overwrite left hidden is
+    put back (:func:`swap.recover`), then what earlier killed saves of that name
+    left is removed.
+    """
     final.parent.mkdir(parents=True, exist_ok=True)
-    for stale in final.parent.glob(f".{final.name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    swap.recover(final)
+    swap.remove_leftovers(final)
     tmp = final.parent / f".{final.name}.tmp-{token}"
     tmp.mkdir()
     return tmp

@@ -3,6 +3,7 @@ the save plan (checks, tiling, who writes what), value encodings, key flattening
 
 from __future__ import annotations
 
+import enum
 import itertools
 import pickle
 import zlib
@@ -11,9 +12,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from hpcdist.checkpoint import Shard, Sharded, layout, values
+from hpcdist.checkpoint import Shard, Sharded, layout, schema, swap, values
 from hpcdist.checkpoint.errors import CheckpointError
-from hpcdist.checkpoint.plan import Entry, make_plans
+from hpcdist.checkpoint.plan import Entry, make_plans, tiling_problem
 
 
 class FakeMesh:
@@ -164,3 +165,108 @@ def test_imports_are_lazy():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+# ------------------------------------------------------------------ defects found by the audit
+
+
+class _Level(enum.IntEnum):
+    LOW = 1
+
+
+class _Mode(str, enum.Enum):
+    FAST = "fast"
+
+
+@pytest.mark.parametrize(
+    "value", ["ab\0", "\0\0", "x\0y", np.float64(0.1), np.complex128(1 - 2j), np.bool_(True), np.str_("s")]
+)
+def test_values_keep_exact_type_and_trailing_nuls(value):
+    enc, arr = values.encode(value)
+    back = values.decode(enc, arr, trusted=False)
+    assert type(back) is type(value) and back == value
+
+
+@pytest.mark.parametrize("value", [_Level.LOW, _Mode.FAST])
+def test_value_subclasses_are_pickled_not_narrowed(value):
+    enc, arr = values.encode(value)
+    assert enc == "pickle"
+    back = values.decode(enc, arr, trusted=True)
+    assert type(back) is type(value) and back is value
+    with pytest.raises(pickle.UnpicklingError, match="trusted=True"):  # a user class: restricted says what to do
+        values.decode(enc, arr, trusted=False)
+
+
+def test_strings_of_the_old_fixed_length_format_still_load():
+    assert values.decode("str", np.array("grüße".encode(), dtype="S7"), trusted=False) == "grüße"
+    assert values.decode("str", np.array(b"", dtype="S1"), trusted=False) == ""
+
+
+def _meta_piece(off, size, rows=4, crcs=None):
+    n = -(-size[0] // rows) if size else 1
+    return {"file": "rank-00000.h5", "dataset": "w", "offsets": list(off), "sizes": list(size), "at": [0] * len(off),
+            "block_rows": rows, "crc32": [0] * n if crcs is None else crcs}  # fmt: skip
+
+
+def _meta(*pieces, shape=(8, 4)):
+    entry = {"key": ["w"], "name": "w", "kind": "sharded", "dtype": "float64", "stored_dtype": "<f8"}
+    return {"entries": [{**entry, "shape": list(shape), "pieces": list(pieces)}]}
+
+
+def test_metadata_whose_pieces_do_not_tile_is_damaged():
+    ok = _meta(_meta_piece((0, 0), (4, 4)), _meta_piece((4, 0), (4, 4)))
+    assert schema.validate(ok, "m.json") is ok
+    shifted = _meta(_meta_piece((0, 0), (4, 4)), _meta_piece((3, 0), (4, 4)))  # overlap + a gap of equal volume
+    with pytest.raises(CheckpointError, match=r"'m\.json' is damaged: entries\[0\]\.pieces do not tile.*overlap"):
+        schema.validate(shifted, "m.json")
+    gap = _meta(_meta_piece((0, 0), (4, 4)))
+    with pytest.raises(CheckpointError, match="in no box"):
+        schema.validate(gap, "m.json")
+    outside = _meta(_meta_piece((0, 0), (4, 4)), _meta_piece((5, 0), (4, 4)))
+    with pytest.raises(CheckpointError, match=r"pieces\[1\]\.offsets/sizes must be a box inside"):
+        schema.validate(outside, "m.json")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "pattern"),
+    [
+        ("crc32", [], r"crc32 must be a list of 1 ints"),
+        ("block_rows", 0, r"block_rows must be an int >= 1"),
+        ("at", "0", r"\.at must be a list"),
+        ("file", "../x.h5", r"\.file must be a file name"),
+    ],
+)
+def test_metadata_fields_are_checked(field, value, pattern):
+    piece = _meta_piece((0, 0), (8, 4), rows=8)
+    piece[field] = value
+    with pytest.raises(CheckpointError, match=pattern):
+        schema.validate(_meta(piece), "m.json")
+    with pytest.raises(CheckpointError, match="entries must be a list"):
+        schema.validate({}, "m.json")
+
+
+def test_tiling_check_is_exact_beyond_hundreds_of_boxes():
+    boxes = [((i,), (1,)) for i in range(2000)]
+    assert tiling_problem((2000,), boxes) is None
+    boxes[1500] = ((1499,), (1,))  # overlap plus a gap: the volume alone would pass
+    assert "overlap" in tiling_problem((2000,), boxes)
+
+
+def test_exchange_swaps_two_directories(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "x").write_text("a")
+    (b / "x").write_text("b")
+    if not swap.exchange(a, b):
+        pytest.skip("renameat2(RENAME_EXCHANGE) is not supported here: the commit falls back to two renames")
+    assert (a / "x").read_text() == "b" and (b / "x").read_text() == "a"
+
+
+def test_shard_refuses_non_integral_and_accepts_negative_dims():
+    with pytest.raises(TypeError, match=r"global_shape must be a sequence of ints.*not truncated"):
+        Shard((10.7,), (0.9,), (10.2,))
+    with pytest.raises(ValueError, match="parts must be a positive int"):
+        Shard.even((4,), 0, 0, 0)
+    assert Shard.even((10, 3), -1, 1, 2) == Shard.even((10, 3), 1, 1, 2)
+    assert Shard((np.int64(4),), (0,), (4.0,)).sizes == (4,)  # integral values of any number type are fine
