@@ -10,13 +10,18 @@ after every ``atexit`` handler ran, mpi4py ends the job with
 ``MPI_Abort(COMM_WORLD, 124)`` instead of finalizing (its documented
 ``mpi4py.run`` mechanism). Under a launcher that ends every rank at once;
 in a launcher-free world it ends this process.
+
+The same mechanism ends the job when a rank leaves through ``sys.exit`` with
+a failing status while the process group is up (:func:`fail_at_exit`): the
+process would otherwise wait in ``MPI_Finalize`` for peers that wait for it
+in a collective, until their timeout.
 """
 
 from __future__ import annotations
 
 import atexit
 
-__all__ = ["POISON_EXIT_STATUS", "is_poisoned", "poison"]
+__all__ = ["POISON_EXIT_STATUS", "exit_status", "fail_at_exit", "is_poisoned", "poison"]
 
 #: The exit status of a job ended at exit because a timeout left an MPI operation in flight (as ``timeout(1)``
 #: and the block-mode watchdog).
@@ -36,6 +41,34 @@ def poison(reason: str) -> None:
             setter(POISON_EXIT_STATUS)
         else:  # pragma: no cover - older mpi4py: abort from an atexit handler of our own
             atexit.register(_abort_at_exit)
+
+
+def exit_status(code: object) -> int:
+    """The process status Python gives ``sys.exit(code)``: 0 for None, the int, else 1 (a message)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    return 1
+
+
+def fail_at_exit(status: int) -> bool:
+    """At exit, after every ``atexit`` handler, end the job with ``MPI_Abort(status)`` instead of finalizing.
+
+    False (nothing done) for status 0, or when the process is set to abort
+    already (a timeout's poisoning, status 124, or an earlier call).
+    """
+    if _POISONED or status == 0:
+        return False
+    _POISONED.append(f"exit status {status}")
+    from mpi4py import MPI
+
+    setter = getattr(MPI, "_set_abort_status", None)
+    if setter is not None:
+        setter(status)
+    else:  # pragma: no cover - older mpi4py
+        atexit.register(_abort_at_exit)
+    return True
 
 
 def is_poisoned() -> bool:

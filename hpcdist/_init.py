@@ -16,13 +16,14 @@ from datetime import timedelta
 from typing import Any
 
 from . import config, flight
+from ._exit import exit_status, fail_at_exit
 from ._timed import INIT_HINT, wait_or_raise
 from ._watchdog import abort_job
 from ._world import WORLD, not_initialized
 from .backends import parse_backend
 from .debug import set_debug_level_from_env
 from .group import GroupMember, ProcessGroup, _check_timeout, destroy_group, resolve_group
-from .rendezvous import export_torchrun_env, group_store, join_world
+from .rendezvous import export_torchrun_env, group_store, join_world, restore_env
 from .rendezvous.fields import check_rank_world_types
 from .topology import node_layout_and_cpus
 
@@ -109,7 +110,9 @@ def init_process_group(
     WORLD.store_owned = store is None
     WORLD.joined_comm = joined.comm
     WORLD.node_of, WORLD.node_cpus = node_layout_and_cpus(comm, tmo.total_seconds())
-    export_torchrun_env(comm, comm.Get_rank(), n, store=group_store, timeout=tmo, node_of=WORLD.node_of)
+    WORLD.exported_env = export_torchrun_env(
+        comm, comm.Get_rank(), n, store=group_store, timeout=tmo, node_of=WORLD.node_of
+    )
     if joined.launcher is None and n > 1:  # no launcher ends the job when a rank dies: notice it ourselves
         WORLD.liveness = _liveness(group_store, comm.Get_rank(), n, tmo)
     set_debug_level_from_env()  # HPCDIST_DEBUG / TORCH_DISTRIBUTED_DEBUG, read once per init
@@ -146,7 +149,7 @@ _HOOK_INSTALLED = False
 
 
 def _install_abort_hook() -> None:
-    """Make an unhandled exception on one rank end the job (MPI_Abort), not hang it."""
+    """Make an unhandled exception, or ``sys.exit`` with a failing status, on one rank end the job (MPI_Abort)."""
     global _HOOK_INSTALLED
     if _HOOK_INSTALLED:
         return
@@ -168,6 +171,35 @@ def _install_abort_hook() -> None:
         )
 
     sys.excepthook = hook
+    previous_exit = sys.exit
+
+    def exit(status: Any = None) -> Any:  # it becomes sys.exit
+        note_exit(status)
+        return previous_exit(status)
+
+    exit.__doc__ = previous_exit.__doc__
+    sys.exit = exit
+
+
+def note_exit(status: object) -> None:
+    """A rank leaving through ``sys.exit(status)`` (or ``SystemExit`` under ``hpcdist run``).
+
+    With a failing status while the process group is up (and
+    ``HPCDIST_ABORT_ON_EXCEPTION`` on), the job ends with ``MPI_Abort(status)``
+    once this process has run its ``finally`` blocks and ``atexit`` handlers:
+    otherwise it would wait in ``MPI_Finalize`` for peers that wait for it in a
+    collective, until their timeout.
+    """
+    code = exit_status(status)
+    pg = WORLD.default_pg
+    if code == 0 or pg is None or pg.size() < 2 or not config.abort_on_exception():
+        return
+    if fail_at_exit(code):
+        sys.stderr.write(
+            f"[rank {pg.rank()}] hpcdist: exiting with status {code} while the process group is up; the MPI job "
+            "ends with it (MPI_Abort at exit) so the other ranks do not wait for this one (set "
+            "HPCDIST_ABORT_ON_EXCEPTION=0 to turn this off)\n"
+        )
 
 
 def destroy_process_group(group: Any = None) -> None:
@@ -190,6 +222,7 @@ def destroy_process_group(group: Any = None) -> None:
             WORLD.liveness.leave()
         for pg in list(WORLD.groups.values()):
             destroy_group(pg)
+        restore_env(WORLD.exported_env)  # the next init rendezvouses afresh, not at this world's MASTER_PORT
         WORLD.reset()
         _free_joined(joined)
         if owned is not None:  # a store hpcdist made (not the user's): its server thread and sockets

@@ -29,6 +29,7 @@ class World:
         self.liveness: Any = None  # rendezvous.liveness.Liveness of a launcher-free world
         self.node_of: list[int] = []  # node index of every world rank (hpcdist.topology.node_layout)
         self.node_cpus: list[int] = []  # CPUs of every world rank's node (hpcdist.topology.node_layout_and_cpus)
+        self.exported_env: dict[str, Any] = {}  # torchrun variables init set: name -> (earlier value, value set)
 
     def next_name(self) -> str:
         name = str(self.pg_count)

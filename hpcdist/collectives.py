@@ -47,6 +47,7 @@ __all__ = [
     "all_gather_into_tensor",
     "all_gather_single",
     "all_reduce",
+    "all_reduce_start",
     "all_reduce_coalesced",
     "all_to_all",
     "all_to_all_single",
@@ -233,12 +234,7 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
         rop = _OP_CACHE.get((op, dtype)) or resolve_op(op, dtype)
     except TypeError:  # an unhashable op
         rop = resolve_op(op, dtype)
-    fr = pg._flight
-    entry = None if fr is None else fr.coll("all_reduce", dtype, buf.arr.size, -1)
-    if DETAIL[0]:
-        check_collective(
-            pg, f"all_reduce({dtype}, {rop.kind.name}, shape {tuple(buf.shape)}){_async_part(pg, async_op)}"
-        )
+    entry = _all_reduce_entry(pg, buf, rop, async_op)
     eng = pg._engines.get(buf.device) or pg.engine(buf.device)
     work = eng.all_reduce(buf, rop, not async_op)
     if work is None:  # a blocking call that completed
@@ -255,6 +251,32 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
     if entry is not None:
         entry[END] = True
     return None
+
+
+def _all_reduce_entry(pg: ProcessGroup, buf: Buf, rop: Any, async_op: bool) -> list[Any] | None:
+    """The flight recorder's entry of an all_reduce of ``buf`` (None when off), after its DETAIL check."""
+    fr = pg._flight
+    entry = None if fr is None else fr.coll("all_reduce", buf.dtype, buf.arr.size, -1)
+    if DETAIL[0]:
+        check_collective(
+            pg, f"all_reduce({buf.dtype}, {rop.kind.name}, shape {tuple(buf.shape)}){_async_part(pg, async_op)}"
+        )
+    return entry
+
+
+def all_reduce_start(pg: ProcessGroup, eng: Any, buf: Buf, rop: Any) -> Work:
+    """Start an asynchronous all_reduce of ``buf`` on ``eng``, recorded and (DETAIL) checked as :func:`all_reduce`.
+
+    For a caller that picks the engine itself: the torch backend's
+    asynchronous all-reduces of CPU tensors take the MPI engine's
+    non-blocking path whatever ``pg``'s engine is. Collective, like
+    ``all_reduce(..., async_op=True)``, with which it matches on every rank.
+    """
+    entry = _all_reduce_entry(pg, buf, rop, True)
+    work = eng.all_reduce(buf, rop, False)
+    if entry is not None:
+        attach(entry, work)
+    return work
 
 
 #: no lane for this op yet

@@ -97,7 +97,7 @@ __all__ = [
 #: name -> one-line description, for ``hpcdist info`` and the docs.
 KNOBS: dict[str, str] = {
     "HPCDIST_TIMEOUT": "default timeout of blocking operations in seconds (1800)",
-    "HPCDIST_ABORT_ON_EXCEPTION": "1: MPI_Abort on an unhandled exception (default); 0: off",
+    "HPCDIST_ABORT_ON_EXCEPTION": "1: MPI_Abort on an unhandled exception or a failing sys.exit (default); 0: off",
     "HPCDIST_CUDA_AWARE": "1/0: force CUDA-aware MPI detection on or off",
     "HPCDIST_NCCL_WATCHDOG": "1: stuck or failed NCCL work ends the job (default); 0: off",
     "HPCDIST_DEBUG": "OFF | INFO | DETAIL (else TORCH_DISTRIBUTED_DEBUG)",
@@ -233,7 +233,7 @@ def check_timeout(timeout: object, arg: str = "timeout", *, seconds: bool = Fals
 
 
 def abort_on_exception() -> bool:
-    """Whether an unhandled exception on one rank aborts the whole MPI job."""
+    """Whether an unhandled exception (or a failing ``sys.exit``) on one rank aborts the whole MPI job."""
     return bool(env_flag("HPCDIST_ABORT_ON_EXCEPTION", True))
 
 

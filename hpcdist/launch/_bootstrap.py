@@ -210,6 +210,13 @@ def _report(exc: BaseException, info: RankInfo) -> None:
     os._exit(1)
 
 
+def _note_exit(code: object) -> None:
+    """A failing SystemExit (``raise SystemExit(1)`` too): end the job at exit when hpcdist's group is up."""
+    init = sys.modules.get("hpcdist._init")
+    if init is not None:
+        init.note_exit(code)
+
+
 def run_program(program: list[str]) -> None:
     """Run ``script args...`` or ``-m module args...`` as ``python`` would."""
     if program[0] == "-m":
@@ -242,6 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit as exc:
         if exc.code not in (None, 0):
             _record(status_dir, info.rank, None, exc.code)
+            _note_exit(exc.code)
         raise
     except BaseException as exc:
         _record(status_dir, info.rank, exc)

@@ -22,7 +22,7 @@ from hpcdist.rendezvous.detect import detect_launcher, launcher_local_rank_size,
 from hpcdist.rendezvous.group_store import group_store
 from hpcdist.rendezvous.join import Joined, join_world
 from hpcdist.rendezvous.registry import register_rendezvous_handler, registered_schemes, rendezvous
-from hpcdist.rendezvous.torchrun_env import export_torchrun_env
+from hpcdist.rendezvous.torchrun_env import export_torchrun_env, restore_env
 
 __all__ = [
     "Joined",
@@ -35,4 +35,5 @@ __all__ = [
     "register_rendezvous_handler",
     "registered_schemes",
     "rendezvous",
+    "restore_env",
 ]

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from hpcdist.store import Store
 
-__all__ = ["TORCHRUN_VARS", "export_torchrun_env"]
+__all__ = ["TORCHRUN_VARS", "export_torchrun_env", "restore_env"]
 
 
 def _master(store: Store | None, single_node: bool) -> tuple[str, str]:
@@ -50,7 +50,7 @@ def export_torchrun_env(
     store: Store | None = None,
     timeout: timedelta | None = None,
     node_of: Sequence[int] | None = None,
-) -> None:
+) -> dict[str, tuple[str | None, str]]:
     """Set torchrun's variables in ``os.environ`` from the joined world.
 
     SPMD: collective over ``comm`` (one broadcast, and the node layout when
@@ -64,7 +64,8 @@ def export_torchrun_env(
     are rank 0's: its values when it has them set, else the host of the TCP
     ``store`` when given (else rank 0's host, 127.0.0.1 on a single node) and
     a port that was free on rank 0 (never the store's own port); every rank
-    gets the same pair.
+    gets the same pair. Returns what it changed, name -> (earlier value or
+    None, the value set), for :func:`restore_env`.
     """
     limit = (timeout or default_timeout()).total_seconds()
     what = "init_process_group (torchrun environment)"
@@ -76,6 +77,22 @@ def export_torchrun_env(
     master = _master(store, single_node) if comm.Get_rank() == 0 else None
     addr, port = timed_bcast_json(comm, master, 0, limit, what, INIT_HINT)
     values = torchrun_values(rank, world_size, local_rank, local_size, addr, port)
+    changed: dict[str, tuple[str | None, str]] = {}
     for name, value in values.items():
         if os.environ.get(name) != value:
+            changed[name] = (os.environ.get(name), value)
             os.environ[name] = value
+    return changed
+
+
+def restore_env(changed: dict[str, tuple[str | None, str]]) -> None:
+    """Undo :func:`export_torchrun_env` (``destroy_process_group``): each variable it set, and nobody changed since,
+    goes back to its earlier value (or away). The next init then rendezvouses afresh, not at the last world's
+    ``MASTER_PORT``."""
+    for name, (before, ours) in changed.items():
+        if os.environ.get(name) != ours:
+            continue
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before

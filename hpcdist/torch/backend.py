@@ -265,7 +265,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
 
                 eng = self._async_engine = MPIEngine(self._hpg, "cpu")
             buf = adapt(t, "tensor", True)
-            return eng.all_reduce(buf, resolve_op(op, buf.dtype), sync=False)
+            return C.all_reduce_start(self._hpg, eng, buf, resolve_op(op, buf.dtype))
         return C.all_reduce(t, op, group=self._hpg, async_op=True)
 
     def _blocking_in_engine(self, nbytes: int) -> bool:

@@ -126,6 +126,29 @@ def test_exception_on_rank_1_ends_job_traceback_once(tmp_path, init):
     assert "_bootstrap" not in err and "runpy" not in err
 
 
+@pytest.mark.timeout(120)
+def test_raise_systemexit_on_rank_1_ends_the_job(tmp_path):
+    """``raise SystemExit(4)`` does not pass through sys.exit: the bootstrap notes it and the job ends with
+    MPI_Abort, saying why (``hpcdist run`` ended such a job before too, from the rank's recorded status, but
+    silently; under a bare mpiexec the same program waited for the timeout: test_faults.py)."""
+    script = write(
+        tmp_path,
+        "leave.py",
+        """
+        import os
+        from datetime import timedelta
+        import hpcdist as dist
+        dist.init_process_group("mpi", timeout=timedelta(seconds=600))
+        if os.environ["RANK"] == "1":
+            raise SystemExit(4)
+        dist.barrier()  # rank 0 would wait here for 10 minutes
+        """,
+    )
+    proc = hpcdist("run", "-n", "2", script, timeout=60)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "hpcdist: exiting with status 4 while the process group is up" in proc.stderr
+
+
 @pytest.mark.timeout(60)
 def test_bad_input_one_line(tmp_path):
     for args, needle in (

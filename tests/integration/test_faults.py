@@ -100,6 +100,45 @@ dist.all_reduce(np.ones(4))   # would wait 10 minutes without the abort hook
     assert "[rank 1] RuntimeError: boom on purpose" in r.stderr, r.output
 
 
+@pytest.mark.parametrize(("how", "status"), [("sys.exit(3)", 3), ("sys.exit('bad config')", 1)])
+def test_a_failing_sys_exit_on_one_rank_ends_the_job(tmp_path, how, status):
+    """argparse's error() and scripts end with sys.exit(nonzero); the rank used to wait in MPI_Finalize for peers
+    that waited for it in a collective, until their timeout (10 minutes here)."""
+    script = (
+        PRELUDE
+        + f"""
+dist.init_process_group("mpi", timeout=timedelta(seconds=600))
+if dist.get_rank() == 1:
+    try:
+        {how}
+    finally:
+        say("RANK1 FINALLY RAN")   # the rank leaves as Python does: finally blocks first
+dist.all_reduce(np.ones(4))
+"""
+    )
+    r = run_mpi(3, script, tmp_path, limit=90)
+    assert not r.timed_out, "a rank that exited with a failing status left the others waiting"
+    assert r.returncode == status, r.output
+    assert "RANK1 FINALLY RAN" in r.stdout
+    assert f"[rank 1] hpcdist: exiting with status {status} while the process group is up" in r.stderr, r.output
+
+
+def test_exiting_with_status_0_everywhere_finalizes_normally(tmp_path):
+    script = (
+        PRELUDE
+        + """
+dist.init_process_group("mpi", timeout=timedelta(seconds=60))
+x = np.ones(4)
+dist.all_reduce(x)
+say("SUM", x[0])
+sys.exit(0)   # no destroy_process_group: MPI_Finalize at exit, as before
+"""
+    )
+    r = run_mpi(2, script, tmp_path, limit=60)
+    assert not r.timed_out and r.returncode == 0, r.output
+    assert r.stdout.count("SUM 2.0") == 2 and "MPI_Abort" not in r.output and "exiting with status" not in r.stderr
+
+
 def test_abort_hook_can_be_turned_off(tmp_path):
     script = (
         PRELUDE

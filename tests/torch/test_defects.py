@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import launch_both
+from conftest import launch, launch_both, load
 
 N = 3
 
@@ -37,3 +37,17 @@ def test_an_expired_wait_on_an_owned_work_leaves_the_operation_to_complete(runs)
     assert runs["gloo"][0]["owned_wait"][1] is True
     for r in range(N):
         assert torch.equal(runs["hpcdist"][r]["owned_result"], torch.full((3,), float(N)))
+
+
+@pytest.mark.parametrize("debug", ["HPCDIST_DEBUG", "TORCH_DISTRIBUTED_DEBUG"])
+def test_detail_refuses_all_reduces_of_different_sizes_or_dtypes(tmp_path, debug):
+    """Every rank raises naming what each called, for blocking and async calls; the next all_reduce matches."""
+    launch(N, "detail.py", "hpcdist", tmp_path, env={debug: "DETAIL"})
+    for r in range(N):
+        got = load(tmp_path, "detail", r)
+        for case in ("size", "dtype"):
+            for asynchronous in (False, True):
+                key = f"{case} async={asynchronous}"
+                assert isinstance(got[key], str) and got[key].startswith("DistError: collective mismatch"), (r, key)
+                assert "all_reduce(float32, SUM, shape (3,))" in got[key] or case == "dtype", (r, key, got[key])
+                assert torch.equal(got[key + " after"], torch.full((2,), float(N))), (r, key)

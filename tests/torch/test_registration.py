@@ -65,3 +65,16 @@ def test_hpcdist_run_torch(tmp_path: Path) -> None:
     assert res.returncode == 0 and not res.timed_out, res.output[-3000:]
     for r in range(2):
         assert f"rank {r} sum 3 args ['x', '--y']" in res.stdout, res.output[-3000:]
+
+
+def test_init_and_destroy_four_times_in_one_process(tmp_path: Path) -> None:
+    """Each round rendezvouses afresh: destroy takes back the MASTER_ADDR/MASTER_PORT init exported."""
+    from conftest import launch, load, torch
+
+    launch(3, "reinit.py", "hpcdist", tmp_path, limit=180)
+    for r in range(3):
+        rounds = load(tmp_path, "reinit", r)
+        assert len(rounds) == 4
+        for before, x in rounds:
+            assert before == {"MASTER_ADDR": None, "MASTER_PORT": None}
+            assert torch.equal(x, torch.full((3,), 6.0))
