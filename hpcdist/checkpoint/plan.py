@@ -98,12 +98,13 @@ def _first_overlap(boxes: list[Box]) -> tuple[Box, Box] | None:
     return None
 
 
-def tiling_problem(shape: tuple[int, ...], boxes: list[Box]) -> str | None:
-    """What keeps ``boxes`` from tiling an array of ``shape`` exactly (an overlap or a gap), or None."""
-    pair = _first_overlap(boxes)
-    if pair is not None:
-        a, b = pair
-        return f"the boxes at offsets {a[0]} (sizes {a[1]}) and {b[0]} (sizes {b[1]}) overlap"
+def _overlap_text(pair: tuple[Box, Box]) -> str:
+    a, b = pair
+    return f"the boxes at offsets {a[0]} (sizes {a[1]}) and {b[0]} (sizes {b[1]}) overlap"
+
+
+def _gap_text(shape: tuple[int, ...], boxes: list[Box]) -> str | None:
+    """What part of the array no box holds (given no two boxes overlap), or None."""
     total = int(np.prod(shape, dtype=np.int64))
     volume = sum(int(np.prod(s, dtype=np.int64)) for _, s in boxes)
     if volume != total:
@@ -111,19 +112,26 @@ def tiling_problem(shape: tuple[int, ...], boxes: list[Box]) -> str | None:
     return None
 
 
+def tiling_problem(shape: tuple[int, ...], boxes: list[Box]) -> str | None:
+    """What keeps ``boxes`` from tiling an array of ``shape`` exactly (an overlap or a gap), or None."""
+    pair = _first_overlap(boxes)
+    return _overlap_text(pair) if pair is not None else _gap_text(shape, boxes)
+
+
 def check_tiling(name: str, shape: tuple[int, ...], boxes: list[Box]) -> None:
     """The distinct boxes of a sharded array must cover it exactly, without overlap (at save)."""
-    problem = tiling_problem(shape, boxes)
-    if problem is None:
-        return
-    if "overlap" in problem:
+    pair = _first_overlap(boxes)
+    if pair is not None:
         raise CheckpointError(
-            f"sharded array {name!r}: {problem} but differ; ranks holding the same data must hold the same box"
+            f"sharded array {name!r}: {_overlap_text(pair)} but differ; ranks holding the same data must hold the "
+            "same box"
         )
-    raise CheckpointError(
-        f"sharded array {name!r} of global shape {shape}: {problem}; the shards must cover the whole array "
-        "(a missing piece would be saved as garbage)"
-    )
+    gap = _gap_text(shape, boxes)
+    if gap is not None:
+        raise CheckpointError(
+            f"sharded array {name!r} of global shape {shape}: {gap}; the shards must cover the whole array "
+            "(a missing piece would be saved as garbage)"
+        )
 
 
 def make_plans(summaries: list[list[Entry]], tmp: str, token: str, layout: str) -> list[Plan]:
