@@ -22,13 +22,14 @@ there, hpcdist the module itself, so no class hides the module).
 from __future__ import annotations
 
 import warnings
+import zlib
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import config
-from ._timed import guarded, timed_members_barrier, watched
+from ._timed import guarded, timed_allgather_json, timed_members_barrier, watched
 from ._world import WORLD as _WORLD
 from ._world import not_initialized
 from .backends import Engine, parse_backend
@@ -439,7 +440,14 @@ def _tag_for(ranks: list[int]) -> int:
 def _split_many(
     parent: ProcessGroup, lists: list[list[int]], timeout: timedelta, backend: Any, desc: str | None, what: str
 ) -> tuple[Any, list[Any]]:
-    """One MPI_Comm_split of ``parent`` into the given lists of *global* ranks."""
+    """One MPI_Comm_split of ``parent`` into the given lists of *global* ranks.
+
+    The ranks first show each other a checksum of their ``lists`` (the
+    exchange that proves every rank is there): ranks that were given
+    different lists (a mesh built otherwise on some ranks) raise the same
+    ValueError on every rank, where a split would make groups whose members
+    disagree about who is in them.
+    """
     from mpi4py import MPI
 
     me = parent._ranks[parent.rank()]
@@ -447,7 +455,16 @@ def _split_many(
     for i, lst in enumerate(lists):
         if me in lst:
             color, key = i, lst.index(me)
-    comm = _split(parent._comm, color, key, timeout, what)
+    limit = timeout.total_seconds()
+    digests = timed_allgather_json(parent._comm, zlib.crc32(repr(lists).encode()), limit, what, GROUP_HINT)
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    if differ:
+        raise ValueError(
+            f"{what}: the ranks were given different groups to make: group rank(s) {differ} passed other rank lists "
+            f"than group rank 0 (this rank, group rank {parent.rank()}, passed {lists}); every rank must pass the "
+            "same mesh / rank lists"
+        )
+    comm = watched(lambda: parent._comm.Split(color, key), limit, what)
     out: list[Any] = []
     mine: Any = None
     for i, lst in enumerate(lists):

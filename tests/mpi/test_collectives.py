@@ -376,3 +376,17 @@ def test_zero_size_and_scalar():
     dist.all_reduce(s)
     n = dist.get_world_size()
     assert float(s) == n * (n + 1) / 2
+
+
+@pytest.mark.parametrize("items", [5, 1 << 19])
+def test_all_gather_into_tensor_with_an_output_overlapping_the_input(items):
+    """The input is the start of a buffer, the output the same buffer from half an input on: not the in-place
+    layout torch allows (this rank's slot), yet sharing memory. MPI's path (2 ranks) aborted in MPICH ("memcpy
+    argument memory ranges overlap"); every path must read the input before writing over it."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    buf = np.zeros((n + 1) * items, np.float32)
+    buf[:items] = np.arange(items, dtype=np.float32) + 1000 * r
+    inp, out = buf[:items], buf[items // 2 : items // 2 + n * items]
+    dist.all_gather_into_tensor(out, inp)
+    want = np.concatenate([np.arange(items, dtype=np.float32) + 1000 * p for p in range(n)])
+    np.testing.assert_array_equal(out, want)

@@ -96,3 +96,21 @@ def test_backend_override_is_checked_before_any_group_is_made():
         dist.init_device_mesh("cpu", (1, n), backend_override={0: "carrier-pigeon"})
     with pytest.raises(ValueError, match="twice"):
         dist.init_device_mesh("cpu", (1, n), mesh_dim_names=("a", "b"), backend_override={"a": "mpi", 0: "mpi"})
+
+
+def test_ranks_given_different_meshes_all_raise_and_the_world_goes_on():
+    """Rank 0 lists the ranks in order, the others reversed: each rank's split would group the ranks its own way
+    (wrong group ranks, wrong sums, no error); every rank now raises the same ValueError before any split."""
+    n = dist.get_world_size()
+    if n < 2:
+        pytest.skip("needs at least 2 ranks")
+    order = list(range(n)) if dist.get_rank() == 0 else list(range(n))[::-1]
+    with pytest.raises(ValueError, match=r"init_device_mesh: the ranks were given different groups to make: group "):
+        dist.DeviceMesh("cpu", order)
+    with pytest.raises(ValueError, match=r"new_subgroups_by_enumeration: the ranks were given different groups"):
+        dist.new_subgroups_by_enumeration([order])
+    x = np.array([1.0])
+    dist.all_reduce(x)  # the world is untouched
+    assert x[0] == n
+    mesh = dist.DeviceMesh("cpu", list(range(n)))  # agreeing ranks still build one
+    assert dist.get_process_group_ranks(mesh.get_group()) == list(range(n))

@@ -68,6 +68,18 @@ def _is_own_slot(out: np.ndarray, inp: np.ndarray, rank: int) -> bool:
     return bool(inp.__array_interface__["data"][0] == start and out.dtype == inp.dtype)
 
 
+def gather_source(out: np.ndarray, inp: np.ndarray, rank: int) -> np.ndarray | None:
+    """What an all-gather of ``inp`` into ``out`` sends: None where ``inp`` is this rank's slot (in place).
+
+    An ``inp`` that overlaps ``out`` otherwise is copied first: MPI forbids
+    aliased buffers (MPICH asserts and aborts), and a path that works in
+    chunks would read input it has already written over.
+    """
+    if _is_own_slot(out, inp, rank):
+        return None
+    return inp.copy() if np.may_share_memory(out, inp) else inp
+
+
 def _reduce_type(arr: np.ndarray) -> Any:
     return mpi_datatype(arr.dtype)
 
@@ -256,14 +268,15 @@ class MPIEngine(Engine):
     def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work | None:
         c = self.comm
         # torch allows the input to be this rank's slot of the output (FSDP2 gathers in place): MPI_IN_PLACE
-        send = _IN_PLACE if _is_own_slot(out.arr, inp.arr, c.Get_rank()) else _msg(inp.arr)
+        src = gather_source(out.arr, inp.arr, c.Get_rank())
+        send = _IN_PLACE if src is None else _msg(src)
         args = (send, _msg(out.arr))
         return self._run(
             "Allgather",
             args,
             sync=sync,
             post=out.writeback,
-            keep=(out, inp),
+            keep=(out, inp, src),
             name="all_gather_into_tensor",
             result=out.obj,
         )

@@ -45,6 +45,7 @@ from ...errors import DistTimeoutError, describe_op
 from ...ops import ResolvedOp
 from ...work import Work, completed_work
 from ..mpi import MPIEngine
+from ..mpi.engine import gather_source
 from . import algorithms as alg
 from . import cma, direct, symmetric, table
 from .node import one_node
@@ -277,7 +278,8 @@ class ShmEngine(MPIEngine):
         if seg is None:
             return super().all_gather_into(out, inp, sync)
         rows = out.arr.reshape(seg.size, out.arr.size // seg.size)
-        self._all_gather(seg, inp.arr.reshape(-1), list(rows))
+        src = gather_source(out.arr, inp.arr, seg.rank)
+        self._all_gather(seg, (inp.arr if src is None else src).reshape(-1), list(rows))
         return self._done(sync, "all_gather_into_tensor", out.obj, out)
 
     def reduce_scatter(self, out: Buf, ins: list[Buf], rop: ResolvedOp, sync: bool = False) -> Work | None:
