@@ -23,7 +23,7 @@ import numpy as np
 
 from .dtypes import dtype_info, supported
 
-__all__ = ["TORCH_DEVICE_ADAPTERS", "Buf", "adapt", "adapt_list", "is_torch", "register_adapter"]
+__all__ = ["TORCH_DEVICE_ADAPTERS", "Buf", "adapt", "adapt_list", "apart", "is_slot", "is_torch", "register_adapter"]
 
 
 class Buf:
@@ -104,6 +104,36 @@ def _lookup(obj: Any) -> Adapter | None:
 
 
 _ndarray = np.ndarray
+
+
+def is_slot(big: np.ndarray, small: np.ndarray, index: int) -> bool:
+    """Whether ``small`` is exactly slot ``index`` of ``big`` (slots of ``small``'s size, the same dtype).
+
+    The in-place forms torch allows: an all-gather's input that is this rank's
+    slot of the output, a reduce-scatter's output that is this rank's chunk of
+    the input.
+    """
+    if not np.may_share_memory(big, small):
+        return False
+    start = big.__array_interface__["data"][0] + index * small.nbytes
+    return bool(small.__array_interface__["data"][0] == start and big.dtype == small.dtype)
+
+
+def apart(inp: Buf, out: Buf, slot: tuple[bool, int] | None = None) -> Buf:
+    """``inp``, or a copy of it where it shares memory with ``out`` (host arrays).
+
+    MPI forbids aliased send and receive buffers (MPICH asserts and aborts, or
+    reduces wrong data), and a path that works in chunks would read input it
+    has already written over. ``slot=(out_is_big, index)`` keeps the in-place
+    form (:func:`is_slot`) as it is: the engines handle it.
+    """
+    if inp.device != "cpu" or not np.may_share_memory(inp.arr, out.arr):
+        return inp
+    if slot is not None:
+        big, small = (out.arr, inp.arr) if slot[0] else (inp.arr, out.arr)
+        if is_slot(big, small, slot[1]):
+            return inp
+    return Buf(inp.arr.copy(), inp.obj, inp.dtype, inp.device, None, inp.index)
 
 
 def adapt(obj: Any, argname: str, write: bool) -> Buf:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..._watchdog import WATCHDOG
-from ...buffers.adapters import Buf
+from ...buffers.adapters import Buf, apart, is_slot
 from ...buffers.dtypes import HALF_DTYPES, mpi_datatype
 from ...buffers.packing import displacements as _displs
 from ...buffers.packing import pack as _pack
@@ -58,26 +58,6 @@ def _by_name(buf: Buf) -> Any:
 
 def _msg(arr: Any) -> list[Any]:
     return [arr, mpi_datatype(arr.dtype)]
-
-
-def _is_own_slot(out: np.ndarray, inp: np.ndarray, rank: int) -> bool:
-    """Whether ``inp`` is exactly slot ``rank`` of ``out`` (an in-place all-gather)."""
-    if not np.may_share_memory(out, inp):
-        return False
-    start = out.__array_interface__["data"][0] + rank * inp.nbytes
-    return bool(inp.__array_interface__["data"][0] == start and out.dtype == inp.dtype)
-
-
-def gather_source(out: np.ndarray, inp: np.ndarray, rank: int) -> np.ndarray | None:
-    """What an all-gather of ``inp`` into ``out`` sends: None where ``inp`` is this rank's slot (in place).
-
-    An ``inp`` that overlaps ``out`` otherwise is copied first: MPI forbids
-    aliased buffers (MPICH asserts and aborts), and a path that works in
-    chunks would read input it has already written over.
-    """
-    if _is_own_slot(out, inp, rank):
-        return None
-    return inp.copy() if np.may_share_memory(out, inp) else inp
 
 
 def _reduce_type(arr: np.ndarray) -> Any:
@@ -267,16 +247,17 @@ class MPIEngine(Engine):
 
     def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work | None:
         c = self.comm
-        # torch allows the input to be this rank's slot of the output (FSDP2 gathers in place): MPI_IN_PLACE
-        src = gather_source(out.arr, inp.arr, c.Get_rank())
-        send = _IN_PLACE if src is None else _msg(src)
+        # torch allows the input to be this rank's slot of the output (FSDP2 gathers in place): MPI_IN_PLACE;
+        # an input overlapping the output otherwise is sent from a copy (MPI forbids aliased buffers)
+        inp = apart(inp, out, (True, c.Get_rank()))
+        send = _IN_PLACE if is_slot(out.arr, inp.arr, c.Get_rank()) else _msg(inp.arr)
         args = (send, _msg(out.arr))
         return self._run(
             "Allgather",
             args,
             sync=sync,
             post=out.writeback,
-            keep=(out, inp, src),
+            keep=(out, inp),
             name="all_gather_into_tensor",
             result=out.obj,
         )
@@ -378,6 +359,7 @@ class MPIEngine(Engine):
     def all_to_all_single(
         self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int], sync: bool = False
     ) -> Work | None:
+        inp = apart(inp, out)  # the same array or overlapping ones (MPI forbids aliased buffers): send a copy
         mt = mpi_datatype(inp.arr.dtype)
         if len(set(scounts)) == 1 and len(set(rcounts)) == 1:  # even splits: MPI_Alltoall (measured faster)
             routine, args = "Alltoall", ([inp.arr, mt], [out.arr, mt])

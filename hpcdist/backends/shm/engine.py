@@ -39,13 +39,12 @@ from typing import Any
 
 from ... import config
 from ..._world import WORLD
-from ...buffers.adapters import Buf
+from ...buffers.adapters import Buf, apart
 from ...buffers.dtypes import HALF_DTYPES
 from ...errors import DistTimeoutError, describe_op
 from ...ops import ResolvedOp
 from ...work import Work, completed_work
 from ..mpi import MPIEngine
-from ..mpi.engine import gather_source
 from . import algorithms as alg
 from . import cma, direct, symmetric, table
 from .node import one_node
@@ -278,8 +277,8 @@ class ShmEngine(MPIEngine):
         if seg is None:
             return super().all_gather_into(out, inp, sync)
         rows = out.arr.reshape(seg.size, out.arr.size // seg.size)
-        src = gather_source(out.arr, inp.arr, seg.rank)
-        self._all_gather(seg, (inp.arr if src is None else src).reshape(-1), list(rows))
+        inp = apart(inp, out, (True, seg.rank))  # chunks would read input already written over: a copy
+        self._all_gather(seg, inp.arr.reshape(-1), list(rows))
         return self._done(sync, "all_gather_into_tensor", out.obj, out)
 
     def reduce_scatter(self, out: Buf, ins: list[Buf], rop: ResolvedOp, sync: bool = False) -> Work | None:
@@ -303,6 +302,7 @@ class ShmEngine(MPIEngine):
         seg = self._use("reduce_scatter_tensor", nbytes)
         if seg is None:
             return super().reduce_scatter_tensor(out, inp, rop, sync)
+        inp = apart(inp, out, (False, seg.rank))  # an output over other input rows would be read after written
         self._reduce_scatter(
             seg, list(inp.arr.reshape(seg.size, inp.arr.size // seg.size)), out.arr.reshape(-1), rop, half
         )
@@ -331,6 +331,9 @@ class ShmEngine(MPIEngine):
         window = self.windows["all_to_all_single"]
         # the sizes may differ per rank: alg.all_to_all shares the counts first, then every rank decides alike
         seg = self._segment("all_to_all_single", 0) if window[0] < window[1] else None
-        if seg is None or not alg.all_to_all(seg, inp.arr.reshape(-1), scounts, out.arr.reshape(-1), rcounts, window):
+        if seg is None:
+            return super().all_to_all_single(out, inp, rcounts, scounts, sync)
+        src = apart(inp, out).arr.reshape(-1)  # overlapping arrays (or the same one): read from a copy
+        if not alg.all_to_all(seg, src, scounts, out.arr.reshape(-1), rcounts, window):
             return super().all_to_all_single(out, inp, rcounts, scounts, sync)
         return self._done(sync, "all_to_all_single", out.obj, out)
