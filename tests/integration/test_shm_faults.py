@@ -182,6 +182,10 @@ try:
     say(f"RANK {dist.get_rank()} RETURNED")
 except dist.DistError as e:
     say(f"RANK {dist.get_rank()} {type(e).__name__} after {time.monotonic() - t0:.1f}s: {e}")
+try:
+    dist.all_reduce(x)                 # the segment is out of step: the next call says why, at once
+except dist.DistError as e:
+    say(f"LATER {dist.get_rank()} {type(e).__name__}: {e}")
 sys.stdout.flush()
 os._exit(0)
 """
@@ -189,6 +193,10 @@ os._exit(0)
     r = run_mpi(
         3, script, tmp_path, env={"HPCDIST_SHM": "1", "HPCDIST_WAIT": mode, "HPCDIST_SHM_DIRECT": direct}, limit=120
     )
+    later = [ln for ln in r.stdout.splitlines() if ln.startswith("LATER ")]
+    assert len(later) == 3, r.output
+    for ln in later:  # a DistError naming the mismatch (it said "since an earlier timeout", a DistTimeoutError)
+        assert " DistError: " in ln and "since an earlier error (the ranks called different collectives)" in ln, ln
     assert not r.timed_out, r.output
     lines = sorted(ln for ln in r.stdout.splitlines() if ln.startswith("RANK "))
     assert len(lines) == 3 and not any("RETURNED" in ln for ln in lines), r.output
@@ -239,8 +247,10 @@ time.sleep(5)  # the first rank to exit ends the job (poisoned: MPI_Abort): let 
     assert float(failed[0].split(" after ")[1].split("s:")[0]) < 2.5, "not at once: " + failed[0]
     for k in (0, 1):
         assert f"RANK {k} first DistTimeoutError" in out, r.output
-    for k in range(3):
-        assert f"RANK {k} again DistTimeoutError" in out and "out of step" in out, r.output
+    for k in (0, 1):  # each later use says why the segment is out of step, as the error it was
+        assert f"RANK {k} again DistTimeoutError" in out, r.output
+    assert "out of step since an earlier error (a wait timed out)" in out, r.output
+    assert "RANK 2 again DistError" in out and "out of step since an earlier error (a direct read failed)" in out
     assert r.returncode == 124, r.output
 
 

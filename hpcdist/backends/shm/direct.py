@@ -49,7 +49,7 @@ def _read(seg: Segment, rd: Reader, rank: int, remote: int, local: int, nbytes: 
     try:
         rd.read(rank, remote, local, nbytes)
     except OSError as e:
-        seg.broken = True
+        seg.broken = "a direct read failed"
         raise DistError(
             f"{describe_op(seg.what)}: reading group rank {rank}'s array directly failed: {e}. The peer exited or "
             "the OS no longer allows it; the group's shared memory is out of step now: create a new group "

@@ -168,6 +168,10 @@ def _create(total: int) -> tuple[str, int]:
     raise OSError(f"no free name for a shared-memory file in {_SHM_DIR}")  # pragma: no cover
 
 
+#: why a segment is out of step after a wait ran past the group's timeout (the later uses raise DistTimeoutError)
+_TIMED_OUT = "a wait timed out"
+
+
 class Segment:
     """A shared segment of ``3 x size`` slots of ``slot_bytes`` over the node communicator ``comm``.
 
@@ -182,7 +186,7 @@ class Segment:
         self.slot_bytes = int(slot_bytes)
         self.timeout_s = timeout_s
         self.what = what
-        self.broken = False
+        self.broken = ""  # why the counters are out of step ("": they are not): a timeout, a mismatch, ...
         ctrl = -(-_LINE * n // 4096) * 4096  # the data starts page-aligned
         self.set_bytes = n * self.slot_bytes
         total = ctrl + NSETS * self.set_bytes
@@ -267,7 +271,7 @@ class Segment:
         for pos in self._others:
             theirs = (ctrl[pos + off], ctrl[pos + off + 1], ctrl[pos + off + 2])
             if theirs != tag:
-                self.broken = True
+                self.broken = "the ranks called different collectives"
                 raise DistError(
                     f"{describe_op(self.what)}: the ranks of the group called different collectives: this rank "
                     f"(group rank {self.rank}) called {self._describe(tag)}, group rank {pos // (_LINE // 8)} "
@@ -285,9 +289,10 @@ class Segment:
     def sync(self) -> None:
         """Barrier over the node communicator through the counters (see module docstring)."""
         if self.broken:
-            raise DistTimeoutError(
-                f"{describe_op(self.what)}: this group's shared-memory segment is out of step since an earlier timeout; "
-                "create a new group (or set HPCDIST_SHM=0)"
+            error = DistTimeoutError if self.broken == _TIMED_OUT else DistError
+            raise error(
+                f"{describe_op(self.what)}: this group's shared-memory segment is out of step since an earlier "
+                f"error ({self.broken}); create a new group (or set HPCDIST_SHM=0)"
             )
         fence = self._fence
         fence()  # release: the data this rank wrote is visible before its counter
@@ -317,7 +322,7 @@ class Segment:
             if now >= deadline:
                 if ctrl[pos] >= step:
                     return
-                self.broken = True
+                self.broken = _TIMED_OUT
                 raise timeout_error(self.what, self.timeout_s)
             if now - start < _YIELD_S:
                 _yield()
