@@ -28,19 +28,28 @@ __all__ = ["POISON_EXIT_STATUS", "exit_status", "fail_at_exit", "is_poisoned", "
 POISON_EXIT_STATUS = 124
 
 _POISONED: list[str] = []
+_STATUS: list[int] = []  # the status of that abort
 
 
 def poison(reason: str) -> None:
     """Record that an MPI operation timed out and is still in flight; at exit, abort instead of finalizing."""
-    if not _POISONED:
-        _POISONED.append(reason)
-        from mpi4py import MPI
+    _abort_at_exit_with(POISON_EXIT_STATUS, reason)
 
-        setter = getattr(MPI, "_set_abort_status", None)
-        if setter is not None:
-            setter(POISON_EXIT_STATUS)
-        else:  # pragma: no cover - older mpi4py: abort from an atexit handler of our own
-            atexit.register(_abort_at_exit)
+
+def _abort_at_exit_with(status: int, reason: str) -> bool:
+    """At exit, ``MPI_Abort(status)`` instead of finalizing; False when an earlier call set it already."""
+    if _POISONED:
+        return False
+    _POISONED.append(reason)
+    _STATUS.append(status)
+    from mpi4py import MPI
+
+    setter = getattr(MPI, "_set_abort_status", None)
+    if setter is not None:
+        setter(status)
+    else:  # pragma: no cover - older mpi4py: abort from an atexit handler of our own
+        atexit.register(_abort_at_exit)
+    return True
 
 
 def exit_status(code: object) -> int:
@@ -58,17 +67,7 @@ def fail_at_exit(status: int) -> bool:
     False (nothing done) for status 0, or when the process is set to abort
     already (a timeout's poisoning, status 124, or an earlier call).
     """
-    if _POISONED or status == 0:
-        return False
-    _POISONED.append(f"exit status {status}")
-    from mpi4py import MPI
-
-    setter = getattr(MPI, "_set_abort_status", None)
-    if setter is not None:
-        setter(status)
-    else:  # pragma: no cover - older mpi4py
-        atexit.register(_abort_at_exit)
-    return True
+    return status != 0 and _abort_at_exit_with(status, f"exit status {status}")
 
 
 def is_poisoned() -> bool:
@@ -79,4 +78,6 @@ def is_poisoned() -> bool:
 def _abort_at_exit() -> None:  # pragma: no cover - older mpi4py only
     from ._watchdog import abort_job
 
-    abort_job(f"hpcdist: {_POISONED[0]}; ending the job with MPI_Abort instead of waiting in MPI_Finalize\n", 124)
+    abort_job(
+        f"hpcdist: {_POISONED[0]}; ending the job with MPI_Abort instead of waiting in MPI_Finalize\n", _STATUS[0]
+    )
