@@ -23,7 +23,17 @@ import numpy as np
 
 from .dtypes import dtype_info, supported
 
-__all__ = ["TORCH_DEVICE_ADAPTERS", "Buf", "adapt", "adapt_list", "apart", "is_slot", "is_torch", "register_adapter"]
+__all__ = [
+    "TORCH_DEVICE_ADAPTERS",
+    "Buf",
+    "adapt",
+    "adapt_list",
+    "apart",
+    "is_slot",
+    "is_torch",
+    "overlaps",
+    "register_adapter",
+]
 
 
 class Buf:
@@ -106,28 +116,46 @@ def _lookup(obj: Any) -> Adapter | None:
 _ndarray = np.ndarray
 
 
-def is_slot(big: np.ndarray, small: np.ndarray, index: int) -> bool:
+def _address(arr: Any) -> int:
+    """The first byte of a Buf's array: NumPy's array interface, a device array's ``data.ptr`` (CuPy)."""
+    if isinstance(arr, np.ndarray):
+        return int(arr.__array_interface__["data"][0])
+    return int(arr.data.ptr)
+
+
+def overlaps(a: Any, b: Any) -> bool:
+    """Whether two Buf arrays (C-contiguous, host or device) share any byte of memory."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return bool(np.may_share_memory(a, b))  # contiguous arrays: their byte ranges meet
+    if not a.nbytes or not b.nbytes:
+        return False
+    pa, pb = _address(a), _address(b)
+    return pa < pb + b.nbytes and pb < pa + a.nbytes
+
+
+def is_slot(big: Any, small: Any, index: int) -> bool:
     """Whether ``small`` is exactly slot ``index`` of ``big`` (slots of ``small``'s size, the same dtype).
 
     The in-place forms torch allows: an all-gather's input that is this rank's
     slot of the output, a reduce-scatter's output that is this rank's chunk of
-    the input.
+    the input. Host or device arrays (C-contiguous, as in a :class:`Buf`).
     """
-    if not np.may_share_memory(big, small):
+    if not overlaps(big, small):
         return False
-    start = big.__array_interface__["data"][0] + index * small.nbytes
-    return bool(small.__array_interface__["data"][0] == start and big.dtype == small.dtype)
+    return bool(_address(small) == _address(big) + index * small.nbytes and big.dtype == small.dtype)
 
 
 def apart(inp: Buf, out: Buf, slot: tuple[bool, int] | None = None) -> Buf:
-    """``inp``, or a copy of it where it shares memory with ``out`` (host arrays).
+    """``inp``, or a copy of it where it shares memory with ``out``.
 
     MPI forbids aliased send and receive buffers (MPICH asserts and aborts, or
-    reduces wrong data), and a path that works in chunks would read input it
-    has already written over. ``slot=(out_is_big, index)`` keeps the in-place
-    form (:func:`is_slot`) as it is: the engines handle it.
+    reduces wrong data), NCCL's only aliased forms are the in-place ones, and a
+    path that works in chunks would read input it has already written over.
+    ``slot=(out_is_big, index)`` keeps the in-place form (:func:`is_slot`) as
+    it is: the engines handle it. A device array is copied on its library's
+    current stream: the caller orders that copy before the operation reads it.
     """
-    if inp.device != "cpu" or not np.may_share_memory(inp.arr, out.arr):
+    if not overlaps(inp.arr, out.arr):
         return inp
     if slot is not None:
         big, small = (out.arr, inp.arr) if slot[0] else (inp.arr, out.arr)

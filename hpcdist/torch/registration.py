@@ -88,10 +88,49 @@ def _under_mpi_launcher() -> bool:
     return detect_launcher() is not None
 
 
+def _contradicts_launch(url: str) -> str | None:
+    """Why ``RANK``/``WORLD_SIZE`` (or the URL's rank/world_size) cannot be this process's place, or None.
+
+    Under a multi-process MPI launch (mpiexec, srun) every process of the
+    launch reads the same inherited variables: torchrun's variables left by a
+    parent process (one that ran ``init_process_group`` exports them) make every
+    rank claim one place, and torch's env:// rendezvous then waits forever or
+    fails on a busy port. torchrun's own children (``TORCHELASTIC_RUN_ID``) and
+    one-process launches keep torch's behaviour: the variables rule.
+    """
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        return None
+    from ..rendezvous.detect import detect_launcher, launcher_rank_size
+
+    truth = launcher_rank_size()
+    if truth is None or truth[1] < 2:
+        return None
+    query = dict(parse_qsl(urlparse(url).query))
+    for field, var, want in (("rank", "RANK", truth[0]), ("world_size", "WORLD_SIZE", truth[1])):
+        given, source = query.get(field, "-1"), f"the {field} argument"
+        if given.strip() == "-1":  # torch puts init_process_group's arguments in the query, -1 or absent: unset
+            given, source = os.environ.get(var, "").strip(), f"environment variable {var}"
+        try:
+            value = int(given)
+        except ValueError:
+            continue  # unset, or not a number: torch's own handler says so
+        if value != want:
+            return (
+                f"{field} {value} from {source} contradicts the MPI launch ({detect_launcher()}), where this "
+                f"process is rank {truth[0]} of {truth[1]}; variables inherited from a parent process (one that "
+                "ran init_process_group exports RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT) would make every "
+                "rank claim the same place: unset them and the launcher decides, or make them match"
+            )
+    return None
+
+
 def _env_or_mpi(torch_env: Any) -> Any:
     def handler(url: str, timeout: Any = None, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
         if not os.environ.get("MASTER_ADDR") and _under_mpi_launcher():
             return mpi_rendezvous_handler(url, timeout=timeout, **kwargs)
+        why = _contradicts_launch(url)
+        if why is not None:
+            raise ValueError(why)
         if timeout is None:
             return torch_env(url, **kwargs)
         return torch_env(url, timeout=timeout, **kwargs)

@@ -21,6 +21,7 @@ import pytest
 from gpu_arrays import _load, gpu_missing
 
 import hpcdist as dist
+from hpcdist._launchenv import TORCHRUN_VARS
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -78,9 +79,11 @@ def _one_child_per_job(request) -> None:
     if request.node.callspec.params.get("gpu_path") != "staged":
         pytest.skip("runs once per job, in the staged pass (the child makes its own NCCL group)")
     if dist.get_world_size() != 1:
-        # seen on the H100 test machine: under `mpiexec -n 2` the child (launcher variables removed) failed
-        # with NCCL_ERROR_INVALID_USAGE or hung in its singleton MPI init; cause not established
-        pytest.skip("runs in a one-rank job only: a singleton MPI child of a multi-rank MPICH job is unreliable")
+        # seen on the H100 test machine: under `mpiexec -n 2` the children failed with NCCL_ERROR_INVALID_USAGE
+        # or hung in init. Cause (found on the CPU since): they inherited RANK/WORLD_SIZE/MASTER_* that the
+        # parents' init exported, so the two "singletons" joined each other as one 2-rank world on one GPU.
+        # _run_child removes those now; lift this skip once a GPU run confirms it.
+        pytest.skip("runs in a one-rank job only until a GPU run confirms the fix for children joining each other")
 
 
 def _run_child(tmp_path, source: str, limit: float = 120.0, **env_extra: str) -> tuple[int, str]:
@@ -88,8 +91,8 @@ def _run_child(tmp_path, source: str, limit: float = 120.0, **env_extra: str) ->
     script = tmp_path / "child.py"
     script.write_text(source)
     # a singleton of its own, not a rank of this job: no launcher variables
-    launcher = ("PMI_", "PMIX_", "OMPI_", "SLURM_", "HYDRA_", "MPI_LOCAL")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(launcher)}
+    launcher = ("PMI_", "PMIX_", "OMPI_", "SLURM_", "HYDRA_", "MPI_LOCAL", "TORCHELASTIC_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(launcher) and k not in TORCHRUN_VARS}
     env.update(PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests" / "gpu")]), **env_extra)
     res = MPIRUN.run_limited([sys.executable, str(script)], env, limit)
     if res.timed_out:

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcdist._launchenv import TORCHRUN_VARS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -45,7 +47,8 @@ def run_mpi(
     """Run ``script`` (Python source, dedented) on ``n`` ranks; kill the whole launch after ``limit`` s."""
     path = tmp_path / f"script_{abs(hash(script)) % 10**8}.py"
     path.write_text(textwrap.dedent(script))
-    full_env = dict(os.environ)
+    # a fresh launch: nothing of a parent's job (a parent that ran init_process_group exports torchrun's variables)
+    full_env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS and not k.startswith("TORCHELASTIC_")}
     full_env.pop("HPCDIST_TIMEOUT", None)
     full_env["PYTHONUNBUFFERED"] = "1"
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")

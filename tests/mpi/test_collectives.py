@@ -252,14 +252,16 @@ def test_all_reduce_ops(kind, dtype, opname):
     check(x, _ref(opname, stack, dtype, n), dtype)
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", ["float64", "int32"])
-def test_reduce_scatter_tensor_into_its_own_chunk_of_the_input(group, members, dtype):
+def test_reduce_scatter_tensor_into_its_own_chunk_of_the_input(group, members, kind, dtype):
     """torch allows the output to be this rank's chunk of the input (NCCL runs it in place); MPI forbids aliased
     buffers, so the MPI path must receive aside (a defect found by the shared-memory tests)."""
+    need(kind, dtype)
     if not members:
         return
     n, gr, size = len(members), members.index(me()), 5
-    x = values(me(), n * size, dtype).astype(dtype)
+    x = make(kind, values(me(), n * size, dtype), dtype)
     out = x[gr * size : (gr + 1) * size]
     dist.reduce_scatter_tensor(out, x, group=group)
     full = sum(values(r, n * size, dtype) for r in members)
@@ -378,18 +380,36 @@ def test_zero_size_and_scalar():
     assert float(s) == n * (n + 1) / 2
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("items", [5, 1 << 19])
-def test_all_gather_into_tensor_with_an_output_overlapping_the_input(items):
+def test_all_gather_into_tensor_with_an_output_overlapping_the_input(kind, items):
     """The input is the start of a buffer, the output the same buffer from half an input on: not the in-place
     layout torch allows (this rank's slot), yet sharing memory. MPI's path (2 ranks) aborted in MPICH ("memcpy
     argument memory ranges overlap"); every path must read the input before writing over it."""
+    need(kind, "float32")
     n, r = dist.get_world_size(), dist.get_rank()
-    buf = np.zeros((n + 1) * items, np.float32)
-    buf[:items] = np.arange(items, dtype=np.float32) + 1000 * r
+    host = np.zeros((n + 1) * items, np.float32)
+    host[:items] = np.arange(items, dtype=np.float32) + 1000 * r
+    buf = make(kind, host, "float32")
     inp, out = buf[:items], buf[items // 2 : items // 2 + n * items]
     dist.all_gather_into_tensor(out, inp)
     want = np.concatenate([np.arange(items, dtype=np.float32) + 1000 * p for p in range(n)])
-    np.testing.assert_array_equal(out, want)
+    check(out, want, "float32")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", ["float64", "int32"])
+def test_all_gather_into_tensor_from_its_own_slot_of_the_output(group, members, kind, dtype):
+    """torch's in-place form (FSDP2 gathers so): the input is this rank's slot of the output. The MPI path sends
+    MPI_IN_PLACE, NCCL runs in place; a device output must be recognized as such too."""
+    need(kind, dtype)
+    if not members:
+        return
+    n, gr, size = len(members), members.index(me()), 6
+    out = make(kind, np.zeros(n * size), dtype)
+    out[gr * size : (gr + 1) * size] = make(kind, values(me(), size, dtype), dtype)
+    dist.all_gather_into_tensor(out, out[gr * size : (gr + 1) * size], group=group)
+    check(out, np.concatenate([values(r, size, dtype) for r in members]), dtype)
 
 
 #: (operation, items per rank): the larger sizes are where MPICH went wrong on 2 ranks before the fix
@@ -402,22 +422,26 @@ _ALIASED = [
 ]
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(("how", "items"), _ALIASED)
-def test_outputs_that_share_memory_with_the_input(how, items):
+def test_outputs_that_share_memory_with_the_input(kind, how, items):
     """MPI forbids aliased buffers: reduce_scatter_tensor into a window of its own input gave rank 0 wrong sums
     silently, all_to_all_single over an overlapping window aborted in MPICH and in place (output is input) raised
     MPI's 'Invalid buffer pointer'. The input is read from a copy; NumPy gives the answers."""
+    need(kind, "float32")
     n, r = dist.get_world_size(), dist.get_rank()
-    buf = np.zeros(n * items + items, np.float32)
+    host = np.zeros(n * items + items, np.float32)
     if how == "reduce_scatter_tensor":
-        buf[: n * items] = np.tile(np.arange(items, dtype=np.float32), n) + r
+        host[: n * items] = np.tile(np.arange(items, dtype=np.float32), n) + r
+        buf = make(kind, host, "float32")
         inp, out = buf[: n * items], buf[items // 2 : items // 2 + items]
         dist.reduce_scatter_tensor(out, inp)
         want = np.arange(items, dtype=np.float32) * n + sum(range(n))
     else:
-        buf[: n * items] = np.repeat(np.arange(n, dtype=np.float32), items) + 100 * r
+        host[: n * items] = np.repeat(np.arange(n, dtype=np.float32), items) + 100 * r
+        buf = make(kind, host, "float32")
         shift = 0 if how.endswith("in place") else items // 2
         inp, out = buf[: n * items], buf[shift : shift + n * items]
         dist.all_to_all_single(out, inp)
         want = np.repeat(100 * np.arange(n, dtype=np.float32), items) + r
-    np.testing.assert_array_equal(out, want)
+    check(out, want, "float32")

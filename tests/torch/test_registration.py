@@ -78,3 +78,25 @@ def test_init_and_destroy_four_times_in_one_process(tmp_path: Path) -> None:
         for before, x in rounds:
             assert before == {"MASTER_ADDR": None, "MASTER_PORT": None}
             assert torch.equal(x, torch.full((3,), 6.0))
+
+
+def test_stale_torchrun_variables_under_mpiexec_are_refused_not_waited_on(tmp_path: Path) -> None:
+    """RANK/WORLD_SIZE/MASTER_* inherited from a parent that ran init_process_group (a GPU test's child job
+    hung so) make both ranks of an `mpiexec -n 2` claim rank 0 of 1: torch's env:// then waited forever or
+    failed on a busy port. Every rank now raises a ValueError naming the variable, for gloo as for hpcdist."""
+    from conftest import free_port, mpiexec
+
+    script = tmp_path / "stale.py"
+    script.write_text("import sys, torch.distributed as dist\ndist.init_process_group(sys.argv[1])\nprint('joined')\n")
+    for backend in ("hpcdist", "gloo"):
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", RANK="0", WORLD_SIZE="1")
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        env.pop("TORCHELASTIC_RUN_ID", None)
+        res = run_limited([mpiexec(), "-n", "2", sys.executable, str(script), backend], env, 90)
+        assert not res.timed_out and res.returncode != 0, (backend, res.output[-3000:])
+        assert "joined" not in res.stdout, (backend, res.output[-3000:])
+        assert "world_size 1 from environment variable WORLD_SIZE contradicts the MPI launch" in res.stderr
+        assert (
+            "rank 0 from environment variable RANK contradicts the MPI launch (mpiexec), where this process "
+            "is rank 1 of 2" in res.stderr
+        ), (backend, res.output[-3000:])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...buffers.adapters import Buf
+from ...buffers.adapters import Buf, apart
 from ...buffers.dtypes import HALF_DTYPES, mpi_datatype
 from ...buffers.packing import displacements
 from ...gpu import xp
@@ -78,12 +78,22 @@ class CudaAwareEngine(Engine):
         streams = self._begin([buf], "broadcast")
         return self._wrap(self.host.broadcast(buf, root, sync=False), streams, "broadcast")
 
+    def _apart(self, inp: Buf, out: Buf, streams: list[Any], slot: tuple[bool, int] | None = None) -> Buf:
+        """:func:`apart` on the array's stream, the copy finished before MPI reads it (the host engine's check then passes)."""
+        with streams[0]:
+            fresh = apart(inp, out, slot)
+        if fresh is not inp:
+            synchronize(streams[:1])
+        return fresh
+
     def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work:
         streams = self._begin([out, inp], "all_gather_into_tensor")
+        inp = self._apart(inp, out, streams, (True, int(self.comm.Get_rank())))
         return self._wrap(self.host.all_gather_into(out, inp, sync=False), streams, "all_gather_into_tensor")
 
     def all_to_all_single(self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int], sync: bool = False) -> Work:
         streams = self._begin([out, inp], "all_to_all_single")
+        inp = self._apart(inp, out, streams)
         return self._wrap(
             self.host.all_to_all_single(out, inp, rcounts, scounts, sync=False), streams, "all_to_all_single"
         )

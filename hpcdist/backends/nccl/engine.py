@@ -29,7 +29,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from ...buffers.adapters import Buf, is_torch
+from ...buffers.adapters import Buf, apart, is_torch
 from ...config import nccl_watchdog_enabled
 from ...errors import DistBackendError, DistTimeoutError
 from ...gpu import xp
@@ -353,6 +353,7 @@ class NCCLEngine(Engine):
     def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> CudaEventWork | None:
         comm, s = self._begin([out, inp], "all_gather_into_tensor")
         with s, self._calling("all_gather_into_tensor"):
+            inp = apart(inp, out, (True, self.pg._rank))  # NCCL's only aliased form is in place; a copy on s
             comm.allGather(_ptr(inp.arr), _ptr(out.arr), inp.arr.nbytes, NCCL_BYTE, s.ptr)
             _writeback([out])
         return self._end(s, out, (out, inp), "all_gather_into_tensor", out.obj, sync=sync)
@@ -428,6 +429,7 @@ class NCCLEngine(Engine):
         plan = self._plan(out.dtype, rop)
         comm, s = self._begin([out, inp], "reduce_scatter_tensor")
         with s, self._calling("reduce_scatter_tensor"):
+            inp = apart(inp, out, (False, self.pg._rank))  # an output in the input, but not in place: a copy on s
             send = inp.arr if plan.premul is None else _scaled(inp, plan.premul, copy=True)
             comm.reduceScatter(
                 _ptr(send), _ptr(out.arr), out.arr.size * plan.per_element, plan.datatype, plan.op, s.ptr
@@ -486,8 +488,9 @@ class NCCLEngine(Engine):
                 pos += c
             return out_
 
-        sends, recvs = spans(inp.arr, scounts), spans(out.arr, rcounts)
         with s, self._calling("all_to_all_single"):
+            inp = apart(inp, out)  # overlapping (or the same) arrays: the sends read a copy, made on s
+            sends, recvs = spans(inp.arr, scounts), spans(out.arr, rcounts)
             self._exchange(comm, s, sends, recvs, (recvs[me][0], sends[me][0], sends[me][1]))
             _writeback([out])
         return self._end(s, out, (out, inp), "all_to_all_single", out.obj, sync=sync)
