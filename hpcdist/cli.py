@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``hpcdist`` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in ("-h", "--help", "help"):
-        print(_usage())
+        print(_usage(), file=sys.stdout if args else sys.stderr)  # no command is a usage error: stderr, 2
         return 0 if args else 2
     if args[0] in ("-V", "--version"):
         from hpcdist._version import __version__

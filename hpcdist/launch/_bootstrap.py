@@ -30,10 +30,10 @@ import os
 import runpy
 import sys
 import traceback
-from collections.abc import MutableMapping
+from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 from types import TracebackType
-from typing import TextIO
+from typing import Any, BinaryIO, TextIO
 
 from hpcdist.launch.ranks import RankInfo, rank_info
 
@@ -45,7 +45,8 @@ class PrefixWriter:
 
     Whole lines go to the wrapped stream in one write, so lines of different
     ranks do not interleave mid-line; a partial line goes out on ``flush()``
-    (a progress bar's ``\r`` updates do).
+    (a progress bar's ``\r`` updates do). Bytes written to ``buffer`` (or to the
+    file descriptor) go out as they are, after the text before them, unprefixed.
     """
 
     def __init__(self, stream: TextIO, prefix: str) -> None:
@@ -76,6 +77,24 @@ class PrefixWriter:
             self._emit(self._pending)
             self._pending = ""
         self._stream.flush()
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    @property
+    def buffer(self) -> BinaryIO:
+        """The wrapped stream's binary buffer, after this writer's pending text: bytes are not prefixed."""
+        self.flush()
+        return self._stream.buffer
+
+    def reconfigure(self, **kwargs: Any) -> None:
+        self.flush()
+        self._stream.reconfigure(**kwargs)  # type: ignore[attr-defined]
+
+    @property
+    def closed(self) -> bool:
+        return self._stream.closed
 
     def fileno(self) -> int:
         return self._stream.fileno()
@@ -162,12 +181,19 @@ def _trim(tb: TracebackType | None) -> TracebackType | None:
 
 
 def _record(status_dir: str, rank: int, exc: BaseException | None, code: object = None) -> None:
+    """Write ``rank-N.json``: the error's first line and the exit status (Python's: 1 unless an int)."""
     if not status_dir:
         return
-    what = f"{type(exc).__name__}: {exc}" if exc is not None else f"exited with status {code}"
+    status = code if isinstance(code, int) and exc is None else 1
+    if exc is not None:
+        what = f"{type(exc).__name__}: {exc}"
+    elif isinstance(code, int):
+        what = f"exited with status {code}"
+    else:  # sys.exit("message"): Python prints the message and exits with 1
+        what = f"exited with status 1: {code}"
     try:
         Path(status_dir, f"rank-{rank}.json").write_text(
-            json.dumps({"rank": rank, "error": what.splitlines()[0][:300]})
+            json.dumps({"rank": rank, "error": (what.splitlines() or [""])[0][:300], "status": int(status)})
         )
     except OSError:
         pass  # a remote node without the launcher's /tmp: the summary line is a nicety
@@ -228,7 +254,7 @@ def run_program(program: list[str]) -> None:
     else:
         script = program[0]
         sys.argv = [script, *program[1:]]
-        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        sys.path[0] = os.path.dirname(os.path.realpath(script))  # as python: a symlink's target's directory
         runpy.run_path(script, run_name="__main__")
 
 

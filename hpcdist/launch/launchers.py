@@ -24,6 +24,7 @@ __all__ = [
     "LaunchError",
     "LaunchSpec",
     "Launcher",
+    "check_launcher_name",
     "find_mpiexec",
     "mpiexec_flavour",
     "register_launcher",
@@ -91,6 +92,11 @@ def _openmpi(exe: str, spec: LaunchSpec) -> list[str]:
 
 
 def _srun(exe: str, spec: LaunchSpec) -> list[str]:
+    if spec.hostfile:  # ignored, the ranks would run elsewhere than the hostfile (and MASTER_ADDR) says
+        raise LaunchError(
+            f"--hostfile: srun does not read hostfiles (got {spec.hostfile!r}); give the nodes with --hosts "
+            "(srun --nodelist), or pass --mpiexec PATH to launch with mpiexec inside the allocation"
+        )
     cmd = [exe, f"--mpi={spec.srun_mpi}", f"--ntasks={spec.nprocs}", "--kill-on-bad-exit=1"]
     if spec.hosts:
         cmd.append(f"--nodelist={','.join(spec.hosts)}")
@@ -178,11 +184,16 @@ def select_launcher(
         exe = found
     if choice in ("auto", "mpiexec"):
         return LAUNCHERS[flavour(exe)], exe
-    if choice not in LAUNCHERS:
+    check_launcher_name(choice)
+    return LAUNCHERS[choice], exe
+
+
+def check_launcher_name(choice: str) -> None:
+    """Raise :class:`LaunchError` unless ``choice`` is ``auto``, ``mpiexec`` or a registered launcher."""
+    if choice not in ("auto", "mpiexec") and choice not in LAUNCHERS:
         raise LaunchError(
             f"--launcher: expected auto, mpiexec or one of {', '.join(sorted(LAUNCHERS))}; got {choice!r}"
         )
-    return LAUNCHERS[choice], exe
 
 
 def read_hostfile(path: str) -> list[str]:
@@ -208,7 +219,10 @@ def parse_hosts(hosts: Sequence[str]) -> list[str]:
     out: list[str] = []
     for value in hosts:
         try:
-            out.extend(expand_hostlist(value))
+            expanded = expand_hostlist(value)
         except ValueError as exc:
             raise LaunchError(f"--hosts: {exc}") from None
+        if not expanded:  # an empty $HOSTS: the job would silently run on this host alone
+            raise LaunchError(f"--hosts: expected at least one host name, got {value!r}")
+        out.extend(expanded)
     return out

@@ -32,7 +32,14 @@ from typing import Any
 
 from hpcdist._launchenv import free_port
 from hpcdist.config import parse_number
-from hpcdist.launch.launchers import LaunchError, LaunchSpec, parse_hosts, read_hostfile, select_launcher
+from hpcdist.launch.launchers import (
+    LaunchError,
+    LaunchSpec,
+    check_launcher_name,
+    parse_hosts,
+    read_hostfile,
+    select_launcher,
+)
 
 __all__ = ["RunOptions", "UsageError", "build_command", "main", "parse_args"]
 
@@ -122,6 +129,14 @@ _VALUE_OPTS = {
 }
 
 
+def _takes_value(tok: str) -> bool:
+    """Whether ``tok`` is one of our options that takes a value: written out, or a long one
+    abbreviated as argparse allows (``--nproc`` for ``--nprocs``)."""
+    if tok in _VALUE_OPTS:
+        return True
+    return tok.startswith("--") and len(tok) > 2 and any(opt.startswith(tok) for opt in _VALUE_OPTS)
+
+
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     """Split ``argv`` into hpcdist's options and the program (``script args`` or ``-m mod args``).
 
@@ -141,7 +156,7 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
             return argv[:i], ["-m", tok[2:], *argv[i + 1 :]]
         if not tok.startswith("-") or tok == "-":
             return argv[:i], argv[i:]
-        if tok in _VALUE_OPTS:
+        if _takes_value(tok):
             i += 2
             continue
         i += 1
@@ -166,6 +181,8 @@ def parse_args(argv: list[str]) -> RunOptions:
     if not program:
         raise UsageError("missing program: expected a script path or -m module after the options")
     if program[0] != "-m" and not Path(program[0]).is_file():
+        if Path(program[0]).is_dir():
+            raise UsageError(f"script {program[0]!r}: expected a Python file, got a directory")
         raise UsageError(f"script {program[0]!r} not found (cwd {os.getcwd()})")
     timeout = None
     if ns.timeout is not None:
@@ -173,7 +190,10 @@ def parse_args(argv: list[str]) -> RunOptions:
     if ns.hosts and ns.hostfile:
         raise UsageError("--hosts and --hostfile: expected one of them, got both")
     try:
+        check_launcher_name(ns.launcher)
         hosts = parse_hosts(ns.hosts)
+        if ns.hostfile:
+            read_hostfile(ns.hostfile)
     except LaunchError as exc:
         raise UsageError(str(exc)) from None
     if ns.torch:  # the program runs under `python -m hpcdist.torch`, which registers the backend first
@@ -252,6 +272,14 @@ def _failures(status_dir: str) -> list[dict]:
     return sorted(out, key=lambda d: d.get("rank", 0))
 
 
+def _failed_status(status_dir: str) -> int:
+    """The exit status the first failed rank recorded (1 for an exception or a status that is not 1..255)."""
+    for fail in _failures(status_dir):
+        code = fail.get("status")
+        return code if isinstance(code, int) and 1 <= code <= 255 else 1
+    return 1
+
+
 #: Signals that end the job: forwarded to the launcher as SIGTERM (torchrun handles the same set).
 _FORWARDED = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
 
@@ -283,7 +311,7 @@ def _supervise(proc: subprocess.Popen, status_dir: str, timeout: float | None) -
             failed_at = now
         if failed_at is not None and now - failed_at > _FAILURE_GRACE_S:
             _stop(proc)  # a rank failed before MPI was up: the launcher may wait for the others forever
-            return (proc.returncode or 1), None
+            return _failed_status(status_dir), None  # the rank's, not the launcher's after our SIGTERM
         if timeout is not None and now - start > timeout:
             _stop(proc)
             return 124, f"timed out after {timeout:g} s; job ended"

@@ -110,6 +110,8 @@ def test_hydra_command(script):
 
 
 def test_openmpi_command_exports_master_vars(script):
+    with open("hosts.txt", "w") as f:  # parse_args reads it: a missing hostfile is an argument error
+        f.write("node1:2\n")
     opts = parse_args(["-n", "2", "--hostfile", "hosts.txt", script])
     spec_cmd = LAUNCHERS["openmpi"].build(
         "/usr/bin/mpirun",

@@ -1,0 +1,105 @@
+"""`hpcdist run` defects found by an adversarial pass, checked with real jobs under the embedded mpiexec.
+
+Each test failed before its fix; the in-process checks are in tests/unit/test_cli_defects.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMIT = 90  # seconds for one launched job
+
+
+def hpcdist(*args: str, cwd: Path | None = None, timeout: int = LIMIT) -> subprocess.CompletedProcess:
+    """``python -m hpcdist ARGS`` with this tree's hpcdist and one OpenMP thread per rank."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("SLURM_JOB_ID", None)  # mpiexec even inside an allocation
+    return subprocess.run(
+        [sys.executable, "-m", "hpcdist", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def write(path: Path, body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+@pytest.mark.timeout(120)
+def test_symlinked_script_imports_beside_its_target(tmp_path):
+    """``python bin/train.py`` puts the symlink's target's directory first on sys.path; the bootstrap put
+    the link's own (ModuleNotFoundError for the script's sibling module)."""
+    write(tmp_path / "proj" / "helper_mod.py", "VALUE = 'found'\n")
+    write(tmp_path / "proj" / "train.py", "import os, helper_mod\nos.write(1, f'GOT {helper_mod.VALUE}\\n'.encode())\n")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "train.py").symlink_to(tmp_path / "proj" / "train.py")
+    proc = hpcdist("run", "-n", "1", "bin/train.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["GOT found"]
+
+
+@pytest.mark.timeout(120)
+def test_prefix_output_keeps_the_stream_api(tmp_path):
+    """writelines, sys.stdout.buffer and reconfigure raised AttributeError on every rank."""
+    script = write(
+        tmp_path / "streams.py",
+        """
+        import sys
+        sys.stdout.reconfigure(line_buffering=True)
+        sys.stdout.writelines(["one\\n", "two\\n"])
+        sys.stdout.buffer.write(b"raw bytes\\n")
+        sys.stdout.buffer.flush()
+        """,
+    )
+    proc = hpcdist("run", "-n", "1", "--prefix-output", str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[rank 0] one", "[rank 0] two", "raw bytes"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("how", "status"), [("sys.exit(3)", 3), ("raise ValueError('bad shard')", 1)])
+def test_status_of_a_rank_failing_before_mpi(tmp_path, how, status):
+    """The job ended by hpcdist run (the rank's failure recorded, the launcher stopped) exited 15, the
+    status of its own SIGTERM to mpiexec; now the failed rank's, as the same failure after
+    init_process_group gives (MPI_Abort with it)."""
+    script = write(
+        tmp_path / "fail.py",
+        f"""
+        import os, sys, time
+        if os.environ["RANK"] == "1":
+            {how}
+        time.sleep(60)
+        """,
+    )
+    proc = hpcdist("run", "-n", "2", str(script), cwd=tmp_path, timeout=60)
+    assert proc.returncode == status, proc.stderr
+    assert "hpcdist run: rank 1 failed: " in proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_abbreviated_option_launches_with_its_value(tmp_path):
+    """``--nproc 2`` (argparse's abbreviation of --nprocs) failed with 'expected one argument'."""
+    script = write(tmp_path / "size.py", "import os\nos.write(1, f\"SIZE {os.environ['WORLD_SIZE']}\\n\".encode())\n")
+    proc = hpcdist("run", "--nproc", "2", str(script), "--nproc", "5", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["SIZE 2", "SIZE 2"]
+
+
+@pytest.mark.timeout(60)
+def test_usage_errors_exit_2_before_launch(tmp_path):
+    script = write(tmp_path / "ok.py", "print('never')\n")
+    for args, needle in (
+        (("run", "--launcher", "mpich", str(script)), "--launcher: expected auto, mpiexec or one of"),
+        (("run", "--hostfile", "nope", str(script)), "--hostfile: cannot read 'nope'"),
+        (("run", "--hosts", "", str(script)), "--hosts: expected at least one host name, got ''"),
+    ):
+        proc = hpcdist(*args, cwd=tmp_path, timeout=30)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and needle in proc.stderr and "never" not in proc.stdout
