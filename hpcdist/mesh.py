@@ -234,6 +234,18 @@ class DeviceMesh:
         )
         return sub
 
+    def _key(self) -> tuple[Any, ...]:
+        return (self.device_type, self.mesh.shape, tuple(self.mesh.reshape(-1).tolist()), self.mesh_dim_names)
+
+    def __eq__(self, other: object) -> bool:
+        """torch's equality: the same device type, rank grid and dimension names (the groups are not compared)."""
+        if self is other:
+            return True
+        return isinstance(other, DeviceMesh) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
     def __repr__(self) -> str:
         names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
         return f"DeviceMesh('{self.device_type}', {self.mesh.tolist()}{names})"

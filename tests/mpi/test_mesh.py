@@ -114,3 +114,22 @@ def test_ranks_given_different_meshes_all_raise_and_the_world_goes_on():
     assert x[0] == n
     mesh = dist.DeviceMesh("cpu", list(range(n)))  # agreeing ranks still build one
     assert dist.get_process_group_ranks(mesh.get_group()) == list(range(n))
+
+
+def test_meshes_of_one_layout_are_equal_and_hash_alike():
+    """As torch's DeviceMesh: equal when device type, rank grid and names agree (DTensor keys caches by mesh);
+    hpcdist's compared by identity before, so a mesh rebuilt the same way was a different key."""
+    n = dist.get_world_size()
+    a = dist.init_device_mesh("cpu", (n,), mesh_dim_names=("dp",))
+    b = dist.init_device_mesh("cpu", (n,), mesh_dim_names=("dp",))
+    assert a == b and hash(a) == hash(b) and {a: 1}[b] == 1
+    assert a != dist.init_device_mesh("cpu", (n,), mesh_dim_names=("tp",))
+    assert a != dist.init_device_mesh("cpu", (n,))
+    assert a != "cpu" and a != [list(range(n))]
+    if n > 1:
+        rev = dist.DeviceMesh("cpu", list(reversed(range(n))), mesh_dim_names=("dp",))
+        assert a != rev
+    if n % 2 == 0:
+        grid = dist.init_device_mesh("cpu", (2, n // 2), mesh_dim_names=("dp", "tp"))
+        transposed = np.arange(n).reshape(2, n // 2).T.tolist()
+        assert grid != dist.DeviceMesh("cpu", transposed, mesh_dim_names=("dp", "tp"))
