@@ -19,7 +19,7 @@ from hpcdist.errors import DistNetworkError, DistTimeoutError
 if TYPE_CHECKING:
     from hpcdist.store import Store
 
-__all__ = ["Deadline", "arrive"]
+__all__ = ["Deadline", "StoreLostError", "arrive", "is_lost_server"]
 
 #: How long one store.wait lasts before the snapshot of arrivals is refreshed.
 _SLICE = 1.0
@@ -31,11 +31,24 @@ def _torch_error(name: str) -> tuple[type, ...]:
     return (cls,) if isinstance(cls, type) else ()
 
 
+class StoreLostError(DistTimeoutError):
+    """A wait of the rendezvous ended because the store's server went away (rank 0 gave up, failed or left).
+
+    Internal: :func:`~hpcdist.rendezvous.ports.join_over_ports` tells it from a plain timeout
+    (it may join again at a new server) and raises a DistTimeoutError with its message.
+    """
+
+
 def _is_lost_server(exc: BaseException) -> bool:
     """The store's server went away: hpcdist's stores raise DistNetworkError, torch's its own DistNetworkError."""
     if isinstance(exc, TimeoutError):  # an OSError too, but only slow
         return False
     return isinstance(exc, (DistNetworkError, OSError, *_torch_error("DistNetworkError")))
+
+
+def is_lost_server(exc: BaseException) -> bool:
+    """``exc`` says the store's server went away: a store's own error, or :class:`StoreLostError` from a wait."""
+    return isinstance(exc, StoreLostError) or _is_lost_server(exc)
 
 
 def _is_timeout(exc: BaseException) -> bool:
@@ -63,8 +76,9 @@ class Deadline:
     ) -> None:
         """``store.wait(keys)`` until the deadline, calling ``refresh`` between slices.
 
-        Raises DistTimeoutError(``message(lost)``) when the deadline passes or
-        the store's server goes away (``lost=True``: rank 0 gave up or died).
+        Raises DistTimeoutError(``message(lost)``) when the deadline passes, or its
+        subclass StoreLostError when the store's server goes away (``lost=True``:
+        rank 0 gave up or died).
         """
         step = self.total if refresh is None else _SLICE
         while True:
@@ -76,7 +90,7 @@ class Deadline:
                 return
             except Exception as exc:
                 if _is_lost_server(exc):
-                    raise DistTimeoutError(message(True)) from None
+                    raise StoreLostError(message(True)) from None
                 if not _is_timeout(exc):
                     raise
             if refresh is not None:
@@ -84,7 +98,7 @@ class Deadline:
                     refresh()
                 except Exception as exc:
                     if _is_lost_server(exc) or isinstance(exc, TimeoutError):  # no reply: as good as gone
-                        raise DistTimeoutError(message(True)) from None
+                        raise StoreLostError(message(True)) from None
                     raise
 
 

@@ -48,7 +48,7 @@ class Liveness:
         key = f"hpcdist/liveness/{epoch}"
         limit = timeout.total_seconds()
         if rank == 0:
-            server = socket.create_server((host, 0))
+            server = socket.create_server((host, 0), family=_family(host))
             server.settimeout(limit)
             store.set(key, f"{host}:{server.getsockname()[1]}")
             try:
@@ -122,6 +122,14 @@ class Liveness:
             f"ended by os._exit); ending rank {self.rank} too, as a launcher would end the job\n",
             1,
         )
+
+
+def _family(host: str) -> socket.AddressFamily:
+    """The address family ``host`` resolves to first (as the TCP store binds it): IPv6 hosts such as ``::1`` too."""
+    try:
+        return socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
+    except OSError:
+        return socket.AF_INET  # create_server then names the host in its error
 
 
 def _recv_exactly(conn: socket.socket, n: int) -> bytes:

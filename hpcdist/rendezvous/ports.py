@@ -54,8 +54,8 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from hpcdist.errors import DistBackendError
-from hpcdist.rendezvous.arrival import Deadline, arrive
+from hpcdist.errors import DistBackendError, DistTimeoutError
+from hpcdist.rendezvous.arrival import Deadline, StoreLostError, arrive, is_lost_server
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -67,6 +67,8 @@ __all__ = ["broken_mpi_reason", "check_mpi_supports_ports", "connect_failure", "
 _KEY_ROOT = "hpcdist/join"
 #: how long giving up a rank claim may take when the store went away
 _RELEASE_TIMEOUT = timedelta(seconds=0.5)
+#: how long a rank whose store server went away before everyone arrived waits for a new server there
+_REJOIN_GRACE_S = 3.0
 #: how long past the rendezvous deadline a connect/accept may take before the watchdog ends the process
 _MPI_GRACE_S = 5.0
 _FIX = (
@@ -244,21 +246,65 @@ def join_over_ports(store: Store, rank: int, world_size: int, timeout: timedelta
     check_mpi_supports_ports()
     deadline = Deadline(timeout)
     me = _whoami()
-    claim = _claim_rank(store, rank, world_size, me)  # before the generation: a duplicate must not bump it
+    while True:
+        claim: str | None = None
+        try:
+            claim = _claim_rank(store, rank, world_size, me)  # before the generation: a duplicate must not bump it
+            prefix = _arrive(store, rank, world_size, deadline)
+            break
+        except BaseException as exc:
+            if isinstance(exc, Exception) and is_lost_server(exc) and _server_replaced(store, rank, deadline):
+                continue  # a new server at the store's address: rank 0 is joining again there, so do we
+            if claim is not None:
+                _release_rank(store, claim, me)
+            if isinstance(exc, StoreLostError):
+                raise DistTimeoutError(str(exc)) from None  # the public type; StoreLostError is internal
+            raise
     try:
-        comm = _join(store, rank, world_size, deadline)
-    except BaseException:
+        comm = _merge(store, prefix, rank, world_size, deadline)
+    except BaseException as exc:
         _release_rank(store, claim, me)
+        if isinstance(exc, StoreLostError):
+            raise DistTimeoutError(str(exc)) from None
         raise
     return comm
 
 
-def _join(store: Store, rank: int, world_size: int, deadline: Deadline) -> MPI.Intracomm:
-    from mpi4py import MPI
+def _server_replaced(store: Store, rank: int, deadline: Deadline) -> bool:
+    """After the store's server went away before every process arrived: True when another server answers.
 
+    Init again after destroy races: a rank whose destroy ended first may reach
+    rank 0's old store server before rank 0 closed it, and see it go away. A
+    server that answers at the store's address within :data:`_REJOIN_GRACE_S`
+    and does not hold this rank's claim is a new one (rank 0's next world), so
+    the join starts over there. False when none answers (rank 0 died or gave
+    up) or the same server answers (it holds the claim): the caller raises.
+    """
+    saved = store.timeout
+    grace = min(_REJOIN_GRACE_S, deadline.left())
+    if grace <= 0:
+        return False
+    try:
+        store.set_timeout(timedelta(seconds=grace))  # a TCP store reconnects within its timeout
+        return not store.check([f"{_KEY_ROOT}/holder/{rank}"])
+    except Exception:
+        return False
+    finally:
+        with contextlib.suppress(Exception):
+            store.set_timeout(saved)
+
+
+def _arrive(store: Store, rank: int, world_size: int, deadline: Deadline) -> str:
+    """Announce this rank under a fresh generation and wait for all; return the generation's key prefix."""
     generation = store.add(f"{_KEY_ROOT}/generation/{rank}", 1)
     prefix = f"{_KEY_ROOT}/{generation}"
     arrive(store, prefix, rank, world_size, deadline)
+    return prefix
+
+
+def _merge(store: Store, prefix: str, rank: int, world_size: int, deadline: Deadline) -> MPI.Intracomm:
+    from mpi4py import MPI
+
     comm: MPI.Intracomm = MPI.COMM_SELF
     port: str | None = None
     try:

@@ -69,7 +69,11 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 class _ServerHandle:
-    """A TCPServer shared (multi-tenant) by the master stores of this process, reference-counted."""
+    """A TCPServer shared (multi-tenant) by the master stores of this process, reference-counted.
+
+    Only master stores hold a reference; clones do not (as in torch), so closing the
+    last master store stops the server at once, whatever clones other threads still hold.
+    """
 
     _registry: dict[tuple[str, int], _ServerHandle] = {}
     _lock = threading.Lock()
@@ -113,11 +117,6 @@ class _ServerHandle:
             if key is not None:
                 cls._registry[key] = handle
             return handle
-
-    def acquire(self) -> _ServerHandle:
-        with self._lock:
-            self.refs += 1
-        return self
 
     def release(self) -> None:
         with self._lock:
@@ -304,8 +303,7 @@ class TCPStore(Store):
         self._link = _Link(handle)
         self._finalizer = weakref.finalize(self, _Link.close, self._link)
         try:
-            self._link.chan = self._open()
-            self._ok(P.OP_JOIN, [])
+            self._join_server()
             if is_master and wait_for_workers and world_size is not None:
                 self._wait_for_workers(world_size)
         except BaseException:
@@ -329,7 +327,7 @@ class TCPStore(Store):
         return False
 
     def close(self) -> None:
-        """Close the connection; the master's server stops when no store of this process uses it."""
+        """Close the connection; the master's server stops when no master store of this process uses it."""
         self._finalizer()
 
     def __enter__(self) -> TCPStore:
@@ -341,6 +339,10 @@ class TCPStore(Store):
     def clone(self, timeout: timedelta | None = None) -> TCPStore:
         """A new connection to the same server (no new join), for another thread.
 
+        A clone is a client, also when cloned from the master: as in torch, it does not keep
+        the master's server alive. Once the master store closes, the clone's calls raise
+        DistNetworkError.
+
         ``timeout``: the new handle's timeout, connecting included (default: this store's).
         """
         other = TCPStore.__new__(TCPStore)
@@ -348,8 +350,7 @@ class TCPStore(Store):
         other._host, other._port, other._is_master = self._host, self._port, False
         other._max_frame, other._secret = self._max_frame, self._secret
         other._lock = threading.Lock()
-        handle = self._link.handle.acquire() if self._link.handle is not None else None
-        other._link = _Link(handle)
+        other._link = _Link(None)
         other._finalizer = weakref.finalize(other, _Link.close, other._link)
         try:
             other._link.chan = other._open()
@@ -362,10 +363,11 @@ class TCPStore(Store):
     def _where(self) -> str:
         return f"{self._host}:{self._port}"
 
-    def _open(self) -> _Channel:
-        """Connect and authenticate, retrying until the store timeout."""
+    def _open(self, deadline: float | None = None) -> _Channel:
+        """Connect and authenticate, retrying until ``deadline`` (default: the store timeout from now)."""
         seconds = self.timeout.total_seconds()
-        deadline = time.monotonic() + seconds
+        if deadline is None:
+            deadline = time.monotonic() + seconds
         # a client usually starts a few ms before rank 0's server listens (they start together): retry
         # after 1 ms, then back off (x1.5) to 0.5 s, so joining does not wait tens of ms for a server that is up
         delay = 0.001
@@ -397,8 +399,29 @@ class TCPStore(Store):
                 sock.close()
                 raise
 
+    def _join_server(self) -> None:
+        """Connect and join, until the store timeout.
+
+        A server that goes away between the handshake and the join (a master
+        closing while another starts at this address: init again after
+        destroy) is retried like a server that is not up yet.
+        """
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        while True:
+            self._link.chan = self._open(deadline)
+            try:
+                self._ok(P.OP_JOIN, [])
+                return
+            except DistNetworkError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)  # not a busy loop against a server that keeps dropping the join
+
     def _handshake(self, chan: _Channel) -> None:
-        code, args = chan.recv()
+        try:
+            code, args = chan.recv()
+        except P.ProtocolError:  # the first bytes do not even frame: not worth retrying until the timeout
+            code, args = -1, []
         if code != P.OP_HELLO or len(args) != 3 or args[0] != P.MAGIC or len(args[1]) != 1:
             raise DistStoreError(
                 f"{self._where()} did not greet like an hpcdist TCPStore server (another service on that port?)"
