@@ -29,6 +29,8 @@ import threading
 from datetime import timedelta
 from typing import Any
 
+from hpcdist.errors import DistNetworkError, DistTimeoutError
+
 __all__ = ["Liveness"]
 
 _BYE = b"B"  # the sender leaves properly
@@ -58,17 +60,37 @@ class Liveness:
                     (peer,) = _HELLO.unpack(_recv_exactly(conn, _HELLO.size))
                     conn.settimeout(None)
                     self._peers[conn] = peer
+            except (OSError, struct.error) as exc:  # a socket timeout is an OSError too
+                missing = sorted(set(range(1, size)) - set(self._peers.values()))
+                self._close_all()
+                raise DistTimeoutError(
+                    f"init_process_group: rank(s) {missing} of this launcher-free world did not open their liveness "
+                    f"connection to rank 0 within {limit:g} s ({type(exc).__name__}: {exc}); they ended or hung "
+                    "right after joining: see their output"
+                ) from None
             finally:
                 server.close()
         else:
             store.wait([key], timeout)
             addr, port = store.get(key).decode().rsplit(":", 1)
-            conn = socket.create_connection((addr, int(port)), timeout=limit)
-            conn.sendall(_HELLO.pack(rank))
+            try:
+                conn = socket.create_connection((addr, int(port)), timeout=limit)
+                conn.sendall(_HELLO.pack(rank))
+            except OSError as exc:
+                raise DistNetworkError(
+                    f"init_process_group: rank {rank} could not open its liveness connection to rank 0 at "
+                    f"{addr}:{port} ({type(exc).__name__}: {exc}); rank 0 ended or hung right after joining, "
+                    "or a firewall between the hosts drops the connection"
+                ) from None
             conn.settimeout(None)
             self._peers[conn] = 0
         atexit.register(self.leave)
         threading.Thread(target=self._watch, name="hpcdist-liveness", daemon=True).start()
+
+    def _close_all(self) -> None:
+        for conn in self._peers:
+            conn.close()
+        self._peers.clear()
 
     def leave(self) -> None:
         """Say goodbye on every connection and close them (destroy_process_group, interpreter exit)."""
