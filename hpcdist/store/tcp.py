@@ -76,7 +76,8 @@ class _ServerHandle:
     """
 
     _registry: dict[tuple[str, int], _ServerHandle] = {}
-    _lock = threading.Lock()
+    #: re-entrant: a store's finalizer (release) may run from the garbage collector while this thread holds it
+    _lock = threading.RLock()
 
     def __init__(self, server: TCPServer, key: tuple[str, int] | None, secret: bytes | None) -> None:
         self.server = server

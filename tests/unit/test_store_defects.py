@@ -133,3 +133,31 @@ def test_a_foreign_service_that_speaks_first_is_named_at_once():
         stop.set()
         thread.join(5)
         listener.close()
+
+
+def test_a_master_collected_while_the_server_registry_is_locked_does_not_deadlock(tmp_path):
+    """A master store in a reference cycle is closed by the garbage collector, which may run at any allocation,
+    also inside _ServerHandle.open while this thread holds the registry's lock: the finalizer's release takes
+    the same lock. With a plain Lock that thread waited for itself forever. Run in a process of its own."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import gc
+        from datetime import timedelta
+        from hpcdist.store import TCPStore
+        from hpcdist.store.tcp import _ServerHandle
+
+        gc.disable()
+        s = TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=5), wait_for_workers=False)
+        s.cycle = s  # only the collector frees it
+        del s
+        with _ServerHandle._lock:  # as inside open(): the collection runs the finalizer here
+            gc.collect()
+        print("collected")
+        """
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20, cwd=tmp_path)
+    assert res.returncode == 0 and "collected" in res.stdout, res.stdout + res.stderr
