@@ -160,10 +160,17 @@ def set_torchrun_env(info: RankInfo, env: MutableMapping[str, str] | None = None
 
 def map_gpu(info: RankInfo, env: MutableMapping[str, str] | None = None) -> str:
     """Give this rank one GPU: the ``local_rank``-th of ``CUDA_VISIBLE_DEVICES`` (or of
-    ``0..local_size-1`` when unset), round-robin when ranks outnumber GPUs. Returns it."""
+    ``0..local_size-1`` when unset), round-robin when ranks outnumber GPUs. Returns it.
+
+    Set to no device (``CUDA_VISIBLE_DEVICES=""``, as a job without GPUs may have), CUDA sees
+    none, and neither does the rank: it is left so and ``""`` is returned.
+    """
     env = os.environ if env is None else env
-    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    visible = [d for d in (raw or "").split(",") if d.strip()]
     if not visible:
+        if raw is not None:
+            return ""
         visible = [str(i) for i in range(info.local_size)]
     device = visible[info.local_rank % len(visible)].strip()
     env["CUDA_VISIBLE_DEVICES"] = device

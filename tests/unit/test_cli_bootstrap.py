@@ -100,9 +100,16 @@ def test_info_cli_json(capsys):
 
 @pytest.mark.parametrize(
     "visible, local_rank, local_size, device",
-    [(None, 1, 4, "1"), ("4,5,6,7", 2, 4, "6"), ("0,1", 3, 4, "1"), ("GPU-ab,GPU-cd", 0, 2, "GPU-ab")],
+    [
+        (None, 1, 4, "1"),
+        ("4,5,6,7", 2, 4, "6"),
+        ("0,1", 3, 4, "1"),
+        ("GPU-ab,GPU-cd", 0, 2, "GPU-ab"),
+        ("", 1, 4, ""),  # no GPU visible stays so (it exposed GPU 1 before)
+        (" , ", 0, 2, ""),
+    ],
 )
 def test_map_gpu(visible, local_rank, local_size, device):
     env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
     assert map_gpu(RankInfo("srun", 0, 8, local_rank, local_size), env) == device
-    assert env["CUDA_VISIBLE_DEVICES"] == device
+    assert env["CUDA_VISIBLE_DEVICES"].strip(" ,") == device
