@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 import time
 from typing import Any
 
@@ -112,23 +113,159 @@ _SAFE: frozenset[tuple[str, str]] = frozenset(
 )
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Resolves only the exact pairs of :data:`_SAFE`.
+def _check_dtype(dt: np.dtype) -> None:
+    """Refuse a NumPy dtype whose pickled state contradicts its layout.
+
+    ``dtype.__setstate__`` takes the dtype's flags, sizes and fields from the
+    pickle as given: a state whose flags say "holds no Python objects" for an
+    object dtype (or one with object fields) makes arrays of it hold object
+    pointers read from the sender's bytes (``_frombuffer``), which crash the
+    reader or worse. The dtype is rebuilt through NumPy's public constructor,
+    which computes flags, item size and alignment itself, and must agree.
+    """
+    try:
+        if dt.names is not None:
+            assert dt.fields is not None
+            fields = [dt.fields[n] for n in dt.names]
+            canon = np.dtype(
+                {
+                    "names": list(dt.names),
+                    "formats": [f[0] for f in fields],
+                    "offsets": [f[1] for f in fields],
+                    "titles": [f[2] if len(f) > 2 else None for f in fields],
+                    "itemsize": dt.itemsize,
+                    "aligned": dt.isalignedstruct,
+                }
+            )
+        elif dt.subdtype is not None:
+            canon = np.dtype(dt.subdtype)
+        else:
+            canon = np.dtype(dt.str)
+        same = (canon.flags, canon.itemsize, canon.alignment) == (dt.flags, dt.itemsize, dt.alignment) and canon == dt
+    except Exception:
+        same = False
+    if not same:
+        raise pickle.UnpicklingError(
+            f"HPCDIST_OBJECT_UNPICKLER=restricted refuses a NumPy dtype whose pickled state does not match its "
+            f"layout (flags {dt.flags}, itemsize {dt.itemsize}, alignment {dt.alignment} for {dt!r:.80}): NumPy "
+            "never writes such a pickle"
+        )
+
+
+def _check_call(fn: Any) -> None:
+    """Refuse calling ``numpy.ndarray`` (REDUCE, NEWOBJ, INST, OBJ): ``ndarray(shape, dtype, buffer)`` builds an
+    array over the sender's bytes, object pointers included. NumPy's pickles only pass the class to
+    ``_reconstruct``."""
+    if isinstance(fn, type) and issubclass(fn, np.ndarray):
+        raise pickle.UnpicklingError(
+            "HPCDIST_OBJECT_UNPICKLER=restricted refuses to call numpy.ndarray (NumPy's pickles never do; it "
+            "would build an array over bytes the sender chose)"
+        )
+
+
+def _resolve(module: str, name: str) -> Any:
+    """``find_class`` of the restricted unpicklers: the exact pairs of :data:`_SAFE`, nothing else."""
+    if "." not in name and not name.startswith("__") and (module, name) in _SAFE:
+        sys.audit("pickle.find_class", module, name)
+        __import__(module)
+        return getattr(sys.modules[module], name)
+    raise pickle.UnpicklingError(
+        f"HPCDIST_OBJECT_UNPICKLER=restricted refuses to unpickle {module}.{name}; send plain data "
+        "(builtins, collections, datetime, decimal, fractions, NumPy arrays) or set "
+        "HPCDIST_OBJECT_UNPICKLER=full between trusted ranks"
+    )
+
+
+#: the pure-Python unpickler (its opcodes are methods; typeshed types it as the C one)
+_PyUnpickler: Any = pickle._Unpickler  # type: ignore[attr-defined]
+
+
+class _RestrictedUnpickler(_PyUnpickler):
+    """Resolves only the exact pairs of :data:`_SAFE`, and checks what NumPy's classes are given.
 
     Protocol 4 lets a pickle name an attribute *path* (``"a.b.c"``), which
     the default ``find_class`` walks; a dotted or dunder name is refused
     before any lookup, so no path can reach ``__builtins__``, ``__globals__``
-    or a module's other attributes.
+    or a module's other attributes. Allowed NumPy classes still trust their
+    arguments, so this is the pure-Python unpickler, whose opcodes can be
+    checked: ``BUILD`` of a ``numpy.dtype`` or ``numpy.ndarray`` sets a fresh
+    object (a dtype checked by :func:`_check_dtype`), and a call of
+    ``numpy.ndarray`` is refused (:func:`_check_call`). Only what NumPy's
+    own pickles do is allowed; an object array that holds itself comes back
+    holding an empty array instead.
     """
 
     def find_class(self, module: str, name: str) -> Any:
-        if "." not in name and not name.startswith("__") and (module, name) in _SAFE:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(
-            f"HPCDIST_OBJECT_UNPICKLER=restricted refuses to unpickle {module}.{name}; send plain data "
-            "(builtins, collections, datetime, decimal, fractions, NumPy arrays) or set "
-            "HPCDIST_OBJECT_UNPICKLER=full between trusted ranks"
-        )
+        return _resolve(module, name)
+
+    def load_build(self) -> None:
+        inst = self.stack[-2]
+        if not isinstance(inst, (np.dtype, np.ndarray)):
+            super().load_build()
+            return
+        # NumPy's __setstate__ changes a dtype or array in place: arrays made over that dtype earlier in the pickle
+        # would see the new layout, views of that array its freed memory. The state goes into a fresh object, which
+        # takes the old one's place on the stack and in the memo (where NumPy's own pickles refer to it later).
+        state = self.stack.pop()
+        fresh: Any
+        if isinstance(inst, np.dtype):
+            fresh = np.dtype(inst.str, False, True)  # copy=True: a new dtype object
+            if fresh is inst:
+                raise pickle.UnpicklingError("HPCDIST_OBJECT_UNPICKLER=restricted could not copy a NumPy dtype")
+            fresh.__setstate__(state)
+            _check_dtype(fresh)
+        else:
+            fresh = np.ndarray((0,), np.int8)  # what NumPy's pickles BUILD: _reconstruct(ndarray, (0,), b"b")
+            fresh.__setstate__(state)
+        self.stack[-1] = fresh
+        memo = self.memo
+        for key in reversed(memo):
+            if memo[key] is inst:
+                memo[key] = fresh
+                break
+
+    def load_reduce(self) -> None:
+        _check_call(self.stack[-2])
+        super().load_reduce()
+
+    def load_newobj(self) -> None:
+        _check_call(self.stack[-2])
+        super().load_newobj()
+
+    def load_newobj_ex(self) -> None:
+        _check_call(self.stack[-3])
+        super().load_newobj_ex()
+
+    def _instantiate(self, klass: Any, args: Any) -> None:  # INST and OBJ
+        _check_call(klass)
+        super()._instantiate(klass, args)
+
+    dispatch = {
+        **_PyUnpickler.dispatch,
+        pickle.BUILD[0]: load_build,
+        pickle.REDUCE[0]: load_reduce,
+        pickle.NEWOBJ[0]: load_newobj,
+        pickle.NEWOBJ_EX[0]: load_newobj_ex,
+    }
+
+
+class _NamesNumpy(Exception):
+    """Raised by :class:`_PlainUnpickler` at the first NumPy name: the pickle needs :class:`_RestrictedUnpickler`."""
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """The restricted unpickler at C speed, for pickles that name nothing from NumPy.
+
+    Plain data (builtins, collections, datetime, decimal, fractions) needs no
+    checks beyond :data:`_SAFE`; at the first NumPy name it gives up and
+    :func:`loads` starts over with :class:`_RestrictedUnpickler` (unpickling
+    the allowed classes has no side effects, so starting over is safe).
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "numpy" or module.startswith("numpy."):
+            raise _NamesNumpy
+        return _resolve(module, name)
 
 
 def loads(arr: np.ndarray) -> Any:
@@ -145,7 +282,10 @@ def loads(arr: np.ndarray) -> Any:
         buffers.append(arr[pos : pos + n].data)
         pos += n
     if config.object_unpickler() == "restricted":
-        return _RestrictedUnpickler(io.BytesIO(main), buffers=buffers).load()
+        try:
+            return _PlainUnpickler(io.BytesIO(main), buffers=buffers).load()
+        except _NamesNumpy:
+            return _RestrictedUnpickler(io.BytesIO(main), buffers=buffers).load()
     return pickle.loads(main, buffers=buffers)
 
 
@@ -279,7 +419,8 @@ def gather_object(
 
     Args:
         obj: this rank's object (picklable).
-        object_gather_list: on ``dst``, a list with one entry per group rank, replaced in place; None elsewhere.
+        object_gather_list: on ``dst``, a list with one entry per group rank, replaced in place; None (or ``[]``)
+            elsewhere.
         dst: the destination, a global rank (default: global rank 0); or give ``group_dst``.
         group: the process group (None: the default group); on a non-member nothing happens.
         group_dst: the destination as a rank of ``group``.
@@ -295,8 +436,12 @@ def gather_object(
                 f"object_gather_list must be a list with one entry per rank of the group ({pg._size}) on the "
                 f"destination rank, got {object_gather_list!r:.80}"
             )
-    elif object_gather_list is not None:
-        raise ValueError("object_gather_list must be None on ranks other than the destination")
+    elif object_gather_list is not None and not (isinstance(object_gather_list, list) and not object_gather_list):
+        # torch accepts an empty list here as well as None (it tests the list's truth); only entries are refused
+        raise ValueError(
+            "object_gather_list must be None (or an empty list) on ranks other than the destination, got "
+            f"{object_gather_list!r:.80}"
+        )
     entry = _record(pg, "gather_object", root)
     comm = pg._comm
     mine = dumps(obj)

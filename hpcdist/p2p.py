@@ -18,7 +18,7 @@ import numpy as np
 from .buffers.adapters import adapt
 from .flight import END, attach
 from .group import ProcessGroup, group_rank, resolve_group
-from .work import Work
+from .work import Work, mpi_failure
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
 
@@ -172,7 +172,13 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, g
     buf = adapt(tensor, "tensor", True)
     fr = pg._flight
     entry = None if fr is None else fr.p2p("recv", buf.dtype, buf.arr.size, peer)
-    source = pg.engine(buf.device).recv_now(buf, peer, t)
+    try:
+        source = pg.engine(buf.device).recv_now(buf, peer, t)
+    except Exception as exc:  # MPI_Test reported a failed receive (a message larger than ``tensor``): say so
+        err = mpi_failure(("recv", pg), exc)
+        if err is exc:
+            raise
+        raise err from exc
     if entry is not None:
         entry[END] = True
     return source

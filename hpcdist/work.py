@@ -22,7 +22,16 @@ from typing import Any
 from ._exit import poison
 from .errors import TIMEOUT_FIX, DistBackendError, DistError, DistTimeoutError, describe_op, timeout_message
 
-__all__ = ["Future", "ProbedRecv", "Work", "completed_work", "test_all", "timeout_error", "wait_requests"]
+__all__ = [
+    "Future",
+    "ProbedRecv",
+    "Work",
+    "completed_work",
+    "mpi_failure",
+    "test_all",
+    "timeout_error",
+    "wait_requests",
+]
 
 _monotonic = time.monotonic
 _sleep = time.sleep
@@ -139,6 +148,31 @@ def timeout_error(name: Any, limit: float, cancelled: bool = False) -> DistTimeo
     return err
 
 
+def mpi_failure(name: Any, exc: BaseException) -> BaseException:
+    """The error of an operation (``name``: a str or ``(opname, group)``) whose request completed with ``exc``.
+
+    An ``MPI.Exception`` (MPI reports a failed request from ``MPI_Test``)
+    becomes a :class:`~hpcdist.errors.DistBackendError` that says what went
+    wrong and keeps MPI's own message (and ``__cause__``); any other
+    exception is returned as it is.
+    """
+    from mpi4py import MPI
+
+    if not isinstance(exc, MPI.Exception):
+        return exc
+    detail = str(exc).strip().splitlines()[-1].strip() if str(exc).strip() else "no message"
+    if exc.Get_error_class() == MPI.ERR_TRUNCATE:
+        what = (
+            "the message is larger than the receive buffer (MPI_ERR_TRUNCATE): a receive must be at least as large "
+            "as the message it matches (pass an array of the sender's size and dtype)"
+        )
+    else:
+        what = f"MPI reported error class {exc.Get_error_class()}"
+    err = DistBackendError(f"{describe_op(name)} failed: {what}; MPI: {detail}")
+    err.__cause__ = exc
+    return err
+
+
 class Work:
     """The handle of one asynchronous operation (torch's ``Work``).
 
@@ -210,17 +244,34 @@ class Work:
         if self._exc is not None:
             raise self._exc
 
+    def _fail(self, exc: BaseException) -> BaseException:
+        """Record that a request completed with an error (``exc``, raised by ``MPI_Test``): the Work failed for good."""
+        err = mpi_failure(self._name, exc)
+        self._exc = err
+        self._post = None  # the outputs hold no result: no copy-back, no source rank
+        if self._future is not None:
+            self._future._set(None, err)
+        return err
+
     def wait(self, timeout: timedelta | float | None = None) -> bool:
-        """Block until complete; True. Raises DistTimeoutError after ``timeout``."""
+        """Block until complete; True. Raises DistTimeoutError after ``timeout``.
+
+        A Work that failed (timed out, or its request completed with an MPI
+        error) stays failed: every later ``wait()`` raises the same error.
+        """
+        if self._exc is not None:  # a cancelled receive must not run its finishing step (copy-back, source) later
+            raise self._exc
         if self._done:
-            if self._exc is not None:
-                raise self._exc
             return True
         if timeout is None or timeout == timedelta(0):
             limit = self._timeout_s
         else:
             limit = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        if self._reqs and not wait_requests(self._reqs, limit, self._status):
+        try:
+            finished = not self._reqs or wait_requests(self._reqs, limit, self._status)
+        except Exception as failed:  # MPI_Test reported a failed request (a message larger than the receive buffer)
+            raise self._fail(failed)  # noqa: B904 (mpi_failure chains MPI's error as __cause__)
+        if not finished:
             if self._on_timeout is not None:
                 self._on_timeout()
             exc = timeout_error(self._name, limit, cancelled=self._on_timeout is not None)
@@ -345,7 +396,13 @@ class Work:
         if self._done or self._exc is not None:
             return True
         reqs = self._reqs
-        ready = reqs[0].Test(self._status) if self._status is not None and reqs else not reqs or test_all(list(reqs))
+        try:
+            ready = (
+                reqs[0].Test(self._status) if self._status is not None and reqs else not reqs or test_all(list(reqs))
+            )
+        except Exception as exc:  # a failed request: completed, not successfully
+            self._fail(exc)
+            return True
         if ready:
             try:
                 self._finish()
