@@ -65,10 +65,15 @@ class Report:
 
 
 def load_dumps(directory: str) -> dict[int, dict[str, Any]]:
-    """Every ``rank-*.json`` in ``directory``: global rank -> dump. Raises ValueError when there is none."""
+    """Every ``rank-*.json`` in ``directory``: global rank -> dump.
+
+    Raises ValueError naming the file when one is not a well-formed dump, and
+    when there is none or the files come from jobs of different sizes.
+    """
     if not os.path.isdir(directory):
         raise ValueError(f"{directory!r} is not a directory (expected the flight recorder's dump directory)")
     out: dict[int, dict[str, Any]] = {}
+    paths: dict[int, list[str]] = {}  # world size -> the files that name it
     for name in sorted(os.listdir(directory)):
         if not (name.startswith("rank-") and name.endswith(".json")):
             continue
@@ -80,10 +85,87 @@ def load_dumps(directory: str) -> dict[int, dict[str, Any]]:
             raise ValueError(f"{path}: not a readable flight recorder dump ({exc})") from None
         if not isinstance(data, dict) or data.get("version") != 1 or "groups" not in data:
             raise ValueError(f"{path}: not a flight recorder dump of format version 1")
-        out[int(data["rank"]) if int(data.get("rank", -1)) >= 0 else -1 - len(out)] = data
+        problem = _malformed(data)
+        if problem:
+            raise ValueError(f"{path}: not a readable flight recorder dump ({problem}; truncated or edited?)")
+        data.setdefault("rank", -1)
+        rank = data["rank"]
+        if rank >= 0 and rank in out:
+            raise ValueError(f"{path}: a second dump of rank {rank} (the files come from different jobs?)")
+        out[rank if rank >= 0 else -1 - len(out)] = data
+        if data["world_size"] >= 0:  # not a dump of a process without a process group (rank-pid<PID>.json)
+            paths.setdefault(data["world_size"], []).append(name)
     if not out:
         raise ValueError(f"no flight recorder dumps (rank-*.json) in {directory!r}")
+    if len(paths) > 1:  # a stale file of an earlier job of another size (the default directory is reused)
+        sizes = "; ".join(f"world size {size}: {', '.join(names)}" for size, names in sorted(paths.items()))
+        raise ValueError(
+            f"the dumps in {directory!r} come from different jobs ({sizes}); "
+            "remove the stale files, or move one job's files to a directory of their own"
+        )
     return out
+
+
+#: what the analyzer reads of a dump, of its groups and of their entries: field -> accepted types
+_TOP_FIELDS: dict[str, tuple[type, ...]] = {"world_size": (int,), "groups": (list,), "time": (int, float)}
+_GROUP_FIELDS: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "ranks": (list,),
+    "collectives": (int,),
+    "p2p_ops": (int,),
+    "capacity": (int,),
+    "entries": (list,),
+}
+_ENTRY_FIELDS: dict[str, tuple[type, ...]] = {
+    "seq": (int,),
+    "p2p": (bool,),
+    "op": (str,),
+    "state": (str,),
+    "started_at": (int, float),
+}
+#: the largest world size a dump may name (MPI counts ranks in a C int)
+_MAX_WORLD = 2**31 - 1
+
+
+def _bad_field(record: dict[str, Any], fields: dict[str, tuple[type, ...]], where: str) -> str:
+    """The first of ``fields`` missing from ``record`` or of another type, as a phrase ('' when all are fine)."""
+    for key, types in fields.items():
+        value = record.get(key)
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            return f"{where}{key!r} is {value!r}, expected {' or '.join(t.__name__ for t in types)}"
+    return ""
+
+
+def _malformed(data: dict[str, Any]) -> str:
+    """What makes ``data`` unusable by :func:`analyze`, as a phrase ('' when nothing does)."""
+    problem = _bad_field(data, _TOP_FIELDS, "")
+    if problem:
+        return problem
+    world, rank = data["world_size"], data.get("rank", -1)
+    if not -1 <= world <= _MAX_WORLD:
+        return f"'world_size' is {world!r}, expected 0..{_MAX_WORLD} (-1: no process group)"
+    if (not isinstance(rank, int) or isinstance(rank, bool) or not -1 <= rank < max(world, 0)) and not (
+        rank == -1 and world == -1
+    ):
+        return f"'rank' is {rank!r}, expected an int below world_size {world} (-1: no process group)"
+    if not isinstance(data.get("stacks", {}), dict):
+        return f"'stacks' is {data['stacks']!r}, expected an object"
+    for i, group in enumerate(data["groups"]):
+        if not isinstance(group, dict):
+            return f"groups[{i}] is {group!r}, expected an object"
+        problem = _bad_field(group, _GROUP_FIELDS, f"groups[{i}]: ")
+        if not problem and not all(isinstance(r, int) and 0 <= r < world for r in group["ranks"]):
+            problem = f"groups[{i}]: 'ranks' is {group['ranks']!r}, expected ranks below world_size {world}"
+        for j, entry in enumerate(group["entries"] if not problem else []):
+            where = f"groups[{i}].entries[{j}]"
+            problem = (
+                _bad_field(entry, _ENTRY_FIELDS, f"{where}: ") if isinstance(entry, dict) else f"{where} is {entry!r}"
+            )
+            if problem:
+                break
+        if problem:
+            return problem
+    return ""
 
 
 def _signature(entry: dict[str, Any]) -> tuple[Any, ...]:

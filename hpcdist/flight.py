@@ -81,23 +81,31 @@ class Ring:
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
-        self.colls: list[Any] = [None] * cap
-        self.p2ps: list[Any] = []  # allocated at the first point-to-point call (many groups make none)
+        # grown one entry a call up to ``cap``, then overwritten oldest first: memory follows the calls made,
+        # not the knob (a huge HPCDIST_FLIGHT_RECORDER must not allocate cap slots per group at init)
+        self.colls: list[Any] = []
+        self.p2ps: list[Any] = []
         self.n_coll = 0  # collective sequence number: the same on every rank of the group
         self.n_p2p = 0  # point-to-point sequence number: this rank's own
 
     def coll(self, op: str, dtype: Any, count: int, root: int) -> list[Any]:
         """Record a collective about to start (``root``: a group rank, -1 for none); return its entry."""
         self.n_coll = s = self.n_coll + 1
-        self.colls[s % self.cap] = e = [s, op, dtype, count, root, _time(), False]
+        e = [s, op, dtype, count, root, _time(), False]
+        if s > self.cap:
+            self.colls[(s - 1) % self.cap] = e
+        else:
+            self.colls.append(e)
         return e
 
     def p2p(self, op: str, dtype: Any, count: int, peer: int) -> list[Any]:
         """Record a point-to-point operation (``peer``: a group rank, negative for any source)."""
         self.n_p2p = s = self.n_p2p + 1
-        if s == 1:
-            self.p2ps = [None] * self.cap
-        self.p2ps[s % self.cap] = e = [s, op, dtype, count, peer, _time(), False]
+        e = [s, op, dtype, count, peer, _time(), False]
+        if s > self.cap:
+            self.p2ps[(s - 1) % self.cap] = e
+        else:
+            self.p2ps.append(e)
         return e
 
     def snapshot(self, ranks: list[int]) -> list[dict[str, Any]]:

@@ -14,15 +14,19 @@ by ``mpiexec``/``srun`` do not take themselves for that rank.
 
 An exception in a child is re-raised in the parent as
 :class:`ProcessRaisedException` carrying the child's traceback; a child that
-dies (signal, ``os._exit``) gives :class:`ProcessExitedException`; either way
-the other children are terminated. ``timeout`` bounds the whole run.
+ends with a failing status without one (``sys.exit(3)``, ``os._exit``, a
+signal) gives :class:`ProcessExitedException` with its ``exit_code``, as
+torch's does; either way the other children are terminated. ``timeout``
+bounds the whole run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing
 import multiprocessing.connection
+import operator
 import os
 import signal
 import tempfile
@@ -38,9 +42,10 @@ from hpcdist.errors import DistError, DistTimeoutError
 __all__ = ["ProcessContext", "ProcessExitedException", "ProcessRaisedException", "spawn"]
 
 #: variables of launchers that must not leak into spawned children
-_SCRUB_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "PALS_", "MPI_LOCAL", "JSM_NAMESPACE_", "FLUX_TASK_")
+_SCRUB_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "HYDI_", "PALS_", "MPI_LOCAL", "JSM_NAMESPACE_", "FLUX_TASK_")
 _SCRUB_NAMES = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_ID", "SLURM_STEPID", "SLURM_GTIDS")
 _TERMINATE_GRACE_S = 5.0
+_LONGEST_WAIT_S = 86400.0  # one join() waits at most a day (spawn's join=True waits again)
 
 
 class ProcessException(DistError):
@@ -85,8 +90,8 @@ def _child(fn: Callable[..., Any], rank: int, args: tuple, env: dict[str, str], 
     except KeyboardInterrupt:
         pass  # the parent is stopping everyone
     except SystemExit as exc:
-        if exc.code not in (None, 0):
-            Path(error_file).write_text(f"SystemExit: {exc.code}\n")
+        if exc.code not in (None, 0):  # an exit status, not an error: the parent raises ProcessExitedException
+            Path(error_file + ".exit").write_text(f"SystemExit: {exc.code}")
             raise
     except BaseException:
         Path(error_file).write_text(traceback.format_exc())
@@ -121,37 +126,49 @@ class ProcessContext:
         """Process ids of the children, in rank order."""
         return [int(p.pid) for p in self.processes]
 
-    def _terminate_all(self) -> None:
+    def _terminate_all(self, grace_period: float | None = None) -> None:
+        """SIGTERM the children still running (after ``grace_period`` s to end by themselves), SIGKILL later."""
+        if grace_period is not None:
+            end = time.monotonic() + grace_period
+            for p in self.processes:
+                p.join(max(0.0, end - time.monotonic()))
         for p in self.processes:
             if p.is_alive():
                 p.terminate()
-        end = time.monotonic() + _TERMINATE_GRACE_S
+        end = time.monotonic() + (_TERMINATE_GRACE_S if grace_period is None else grace_period)
         for p in self.processes:
             p.join(max(0.0, end - time.monotonic()))
             if p.is_alive():
                 p.kill()
                 p.join()
 
-    def _raise_for(self, rank: int) -> None:
+    def _raise_for(self, rank: int, grace_period: float | None = None) -> None:
         proc = self.processes[rank]
         error_file = Path(self._error_dir.name, f"{rank}.err")
-        self._terminate_all()
+        self._terminate_all(grace_period)
         text = error_file.read_text() if error_file.exists() else ""
+        exit_file = Path(f"{error_file}.exit")
+        how = f" ({exit_file.read_text()})" if exit_file.exists() else ""  # sys.exit's argument
         self._error_dir.cleanup()
         if text:
             msg = f"\n\n-- Process {rank} terminated with the following error:\n{text}"
             raise ProcessRaisedException(msg, rank, proc.pid)
         code = int(proc.exitcode or 0)
         if code < 0:
-            name = signal.Signals(-code).name
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"<unknown signal {-code}>"
             raise ProcessExitedException(f"process {rank} terminated with signal {name}", rank, proc.pid, code, name)
-        raise ProcessExitedException(f"process {rank} terminated with exit code {code}", rank, proc.pid, code)
+        raise ProcessExitedException(f"process {rank} terminated with exit code {code}{how}", rank, proc.pid, code)
 
-    def join(self, timeout: float | None = None) -> bool:
+    def join(self, timeout: float | None = None, grace_period: float | None = None) -> bool:
         """Wait up to ``timeout`` s; True when all children ended well, False while some run.
 
         Raises :class:`ProcessRaisedException` / :class:`ProcessExitedException`
-        when a child failed (the others are terminated first), and
+        when a child failed (the others are terminated first: after
+        ``grace_period`` s to end by themselves when given, as torch's
+        ``join``; SIGKILL follows SIGTERM after ``grace_period``, else 5 s), and
         :class:`~hpcdist.errors.DistTimeoutError` past spawn's ``timeout``.
         """
         if not self._sentinels:
@@ -160,12 +177,14 @@ class ProcessContext:
         if self._deadline is not None:
             left = max(0.0, self._deadline - time.monotonic())
             wait_for = left if wait_for is None else min(wait_for, left)
+        if wait_for is not None:  # select() takes no longer wait (OverflowError): return False, the caller waits again
+            wait_for = min(wait_for, _LONGEST_WAIT_S)
         ready = multiprocessing.connection.wait(list(self._sentinels), timeout=wait_for)
         for sentinel in ready:
             rank = self._sentinels.pop(sentinel)
             self.processes[rank].join()
             if self.processes[rank].exitcode != 0:
-                self._raise_for(rank)
+                self._raise_for(rank, grace_period)
         if not self._sentinels:
             self._error_dir.cleanup()
             return True
@@ -174,6 +193,16 @@ class ProcessContext:
             self._error_dir.cleanup()
             raise DistTimeoutError(f"spawn: processes still running after the timeout; terminated {self.pids()}")
         return False
+
+
+def _integer(value: Any, name: str, expected: str, low: int, high: int | None = None) -> int:
+    """``value`` as an int in ``low..high``, else TypeError (not an integer) / ValueError naming ``name``."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"spawn: {name} must be {expected}, got {value!r} ({type(value).__name__})")
+    number = operator.index(value)
+    if number < low or (high is not None and number > high):
+        raise ValueError(f"spawn: {name} must be {expected}, got {value!r}")
+    return number
 
 
 def spawn(
@@ -200,14 +229,25 @@ def spawn(
     """
     if not callable(fn):
         raise TypeError(f"spawn: fn must be callable, got {type(fn).__name__}")
-    if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
-        raise ValueError(f"spawn: nprocs must be an int >= 1, got {nprocs!r}")
+    nprocs = _integer(nprocs, "nprocs", "an int >= 1", 1)
     if not isinstance(args, tuple):
         raise TypeError(f"spawn: args must be a tuple, got {type(args).__name__}")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)):
+        raise TypeError(f"spawn: timeout must be a number of seconds > 0 or None, got {timeout!r}")
     if timeout is not None and not timeout > 0:
-        raise ValueError(f"spawn: timeout must be > 0 seconds or None, got {timeout!r}")
+        raise ValueError(f"spawn: timeout must be a number of seconds > 0 or None, got {timeout!r}")
+    if not isinstance(master_addr, str) or not master_addr.strip():
+        raise ValueError(f"spawn: master_addr must be a host name or address of this machine, got {master_addr!r}")
+    if master_port is not None:
+        master_port = _integer(master_port, "master_port", "an int in 1..65535 or None (a free port)", 1, 65535)
     ctx: Any = multiprocessing.get_context(start_method)
-    port = master_port if master_port is not None else free_port(master_addr)
+    try:
+        port = master_port if master_port is not None else free_port(master_addr)
+    except OSError as exc:  # the children run here: rank 0's store binds master_addr on this host
+        raise ValueError(
+            f"spawn: master_addr must be a host name or address of this machine (the children run here), "
+            f"got {master_addr!r}: {exc}"
+        ) from None
     error_dir = tempfile.TemporaryDirectory(prefix="hpcdist-spawn-")
     processes = []
     for rank in range(nprocs):
@@ -217,7 +257,8 @@ def spawn(
         with _environ(env):  # the child's interpreter starts with these (its __main__ may import mpi4py)
             proc.start()
         processes.append(proc)
-    context = ProcessContext(processes, error_dir, None if timeout is None else time.monotonic() + timeout)
+    deadline = None if timeout is None or timeout == math.inf else time.monotonic() + timeout  # inf: no bound
+    context = ProcessContext(processes, error_dir, deadline)
     if not join:
         return context
     try:
