@@ -26,7 +26,7 @@ import numpy as np
 
 from . import config
 from .buffers.packing import displacements
-from .errors import DistTimeoutError
+from .errors import DistError, DistTimeoutError
 from .flight import END, on_timeout
 from .group import ProcessGroup, group_rank, resolve_group
 from .work import timeout_error, wait_requests
@@ -45,13 +45,59 @@ _FIRST = 8192  # bytes broadcast in the first round; small objects need one roun
 _CHUNK = 512  # bytes per rank gathered in the first round of the gathers
 
 
-def _chunk(payload: np.ndarray) -> np.ndarray:
-    """[int64 length][the payload's first bytes] padded to _CHUNK: the first round of a gather."""
+def _chunk(payload: np.ndarray, failure: BaseException | None = None) -> np.ndarray:
+    """[int64 length][the payload's first bytes] padded to _CHUNK: the first round of a gather.
+
+    A failure payload (:func:`_pickled`) goes as it is: its header already says ``_FAILED``.
+    """
     out = np.zeros(_CHUNK, dtype=np.uint8)
+    if failure is not None:
+        out[: payload.size] = payload
+        return out
     out[:_HEAD] = np.array([payload.size], dtype=np.int64).view(np.uint8)
     k = min(payload.size, _CHUNK - _HEAD)
     out[_HEAD : _HEAD + k] = payload[:k]
     return out
+
+
+#: the length header of a rank that could not pickle its object: its error message follows, so every rank
+#: finishes the exchange in step and raises (instead of waiting for an object that never comes)
+_FAILED = -1
+
+
+def _pickled(obj: Any) -> tuple[np.ndarray, BaseException | None]:
+    """``(dumps(obj), None)``, or ``(failure payload, the error)`` when ``obj`` cannot be pickled.
+
+    The failure payload is ``[_FAILED][the error's text]``, no longer than a
+    gather's chunk, so it travels where the object's first bytes would.
+    """
+    try:
+        return dumps(obj), None
+    except Exception as exc:  # TypeError, PicklingError, AttributeError, RecursionError, a __reduce__ that raised
+        text = f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")[: _CHUNK - _HEAD]
+        out = np.empty(_HEAD + len(text), dtype=np.uint8)
+        out[:_HEAD] = np.array([_FAILED], dtype=np.int64).view(np.uint8)
+        out[_HEAD:] = np.frombuffer(text, dtype=np.uint8)
+        return out, exc
+
+
+def _failure_text(body: np.ndarray) -> str:
+    return bytes(body).rstrip(b"\0").decode("utf-8", "replace")
+
+
+def _raise_failures(pg: ProcessGroup, op: str, failed: dict[int, str], mine: BaseException | None) -> None:
+    """After an exchange in which the group ranks ``failed`` (rank -> error text) could not pickle: raise.
+
+    The rank whose object failed raises its own error; the others a DistError naming the ranks and errors.
+    """
+    if mine is not None:
+        raise mine
+    if failed:
+        said = "; ".join(f"rank {pg._ranks[r]}: {text}" for r, text in sorted(failed.items()))
+        raise DistError(
+            f"{op} on {pg!r}: {len(failed)} rank(s) could not pickle their object ({said}); nothing was "
+            "delivered, and the group stays usable"
+        )
 
 
 # ------------------------------------------------------------------ (de)serialization
@@ -346,14 +392,19 @@ def broadcast_object_list(
     comm = pg._comm
     first = np.zeros(_FIRST, dtype=np.uint8)
     payload = None
+    failure: BaseException | None = None
     if pg._rank == root:
-        payload = dumps(list(object_list))
-        n = payload.size
+        payload, failure = _pickled(list(object_list))
+        n = payload.size if failure is None else _FAILED
         first[:_HEAD] = np.array([n], dtype=np.int64).view(np.uint8)
-        k = min(n, _FIRST - _HEAD)
-        first[_HEAD : _HEAD + k] = payload[:k]
+        body = payload if failure is None else payload[_HEAD:]
+        k = min(body.size, _FIRST - _HEAD)
+        first[_HEAD : _HEAD + k] = body[:k]
     _wait(pg, [comm.Ibcast(first, root)], "broadcast_object_list")
     n = int(first[:_HEAD].view(np.int64)[0])
+    if n == _FAILED:
+        _complete(entry)
+        _raise_failures(pg, "broadcast_object_list", {root: _failure_text(first[_HEAD:])}, failure)
     if pg._rank != root:
         payload = np.empty(n, dtype=np.uint8)
         k = min(n, _FIRST - _HEAD)
@@ -391,10 +442,14 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
         )
     entry = _record(pg, "all_gather_object", -1)
     comm = pg._comm
-    mine = dumps(obj)
+    mine, failure = _pickled(obj)
     table = np.empty((pg._size, _CHUNK), dtype=np.uint8)
-    _wait(pg, [comm.Iallgather(_chunk(mine), table)], "all_gather_object")
+    _wait(pg, [comm.Iallgather(_chunk(mine, failure), table)], "all_gather_object")
     lengths = table[:, :_HEAD].copy().view(np.int64).reshape(-1)
+    if lengths.min() < 0:  # every rank sees the same table: all skip the second round and raise
+        _complete(entry)
+        failed = {r: _failure_text(table[r, _HEAD:]) for r in range(pg._size) if lengths[r] < 0}
+        _raise_failures(pg, "all_gather_object", failed, failure)
     if lengths.max() <= _CHUNK - _HEAD:  # every object fitted its chunk: one exchange
         for r in range(pg._size):
             object_list[r] = loads(table[r, _HEAD : _HEAD + int(lengths[r])])
@@ -444,16 +499,18 @@ def gather_object(
         )
     entry = _record(pg, "gather_object", root)
     comm = pg._comm
-    mine = dumps(obj)
-    fits = mine.size <= _CHUNK - _HEAD
+    mine, failure = _pickled(obj)
+    fits = mine.size <= _CHUNK - _HEAD or failure is not None
     tag = _internal_tag("object_gather")
     table = np.empty((pg._size, _CHUNK), dtype=np.uint8) if is_root else None
-    reqs = [comm.Igather(_chunk(mine), table, root)]
+    reqs = [comm.Igather(_chunk(mine, failure), table, root)]
     if not (fits or is_root):  # the rest goes point to point; small objects need the one exchange only
         reqs.append(comm.Isend(mine, root, tag))
     _wait(pg, reqs, "gather_object")
     if not is_root:
         _complete(entry)
+        if failure is not None:
+            raise failure
         return
     assert table is not None and object_gather_list is not None
     lengths = table[:, :_HEAD].copy().view(np.int64).reshape(-1)
@@ -461,7 +518,11 @@ def gather_object(
     for r in range(pg._size):
         if lengths[r] > _CHUNK - _HEAD and r != root:
             rest[r] = np.empty(int(lengths[r]), dtype=np.uint8)
-    _wait(pg, [comm.Irecv(buf, r, tag) for r, buf in rest.items()], "gather_object")
+    _wait(pg, [comm.Irecv(buf, r, tag) for r, buf in rest.items()], "gather_object")  # also when some failed
+    if lengths.min() < 0:
+        _complete(entry)
+        failed = {r: _failure_text(table[r, _HEAD:]) for r in range(pg._size) if lengths[r] < 0}
+        _raise_failures(pg, "gather_object", failed, failure)
     for r in range(pg._size):
         if r in rest:
             object_gather_list[r] = loads(rest[r])
@@ -506,7 +567,19 @@ def scatter_object_list(
     mine = np.empty(_CHUNK, dtype=np.uint8)
     if is_root:
         assert scatter_object_input_list is not None
-        parts = [dumps(o) for o in scatter_object_input_list]
+        parts = []
+        for i, o in enumerate(scatter_object_input_list):
+            part, failure = _pickled(o)
+            if failure is not None:  # every rank gets the failure instead of its object
+                note = f"scatter_object_input_list[{i}]: "
+                text = (note + _failure_text(part[_HEAD:])).encode("utf-8", "replace")[: _CHUNK - _HEAD]
+                bad = np.zeros(_CHUNK, dtype=np.uint8)
+                bad[:_HEAD] = np.array([_FAILED], dtype=np.int64).view(np.uint8)
+                bad[_HEAD : _HEAD + len(text)] = np.frombuffer(text, dtype=np.uint8)
+                _wait(pg, [comm.Iscatter(np.stack([bad] * pg._size), mine, root)], "scatter_object_list")
+                _complete(entry)
+                raise failure
+            parts.append(part)
         reqs = [comm.Iscatter(np.stack([_chunk(p) for p in parts]), mine, root)]
         # what does not fit its chunk goes point to point; small objects need the one exchange only
         reqs += [comm.Isend(p, r, tag) for r, p in enumerate(parts) if r != root and p.size > _CHUNK - _HEAD]
@@ -515,6 +588,9 @@ def scatter_object_list(
     else:
         _wait(pg, [comm.Iscatter(None, mine, root)], "scatter_object_list")
         length = int(mine[:_HEAD].copy().view(np.int64)[0])
+        if length == _FAILED:
+            _complete(entry)
+            _raise_failures(pg, "scatter_object_list", {root: _failure_text(mine[_HEAD:])}, None)
         if length <= _CHUNK - _HEAD:
             out = mine[_HEAD : _HEAD + length]
         else:
@@ -561,10 +637,12 @@ def send_object_list(
     from .p2p import _peer
 
     peer = _peer(pg, dst, group_dst, "dst", False)
-    payload = dumps(list(object_list))
+    payload, failure = _pickled(list(object_list))  # a failure still goes: the receiver raises instead of waiting
     entry = _record(pg, "send_object_list", peer, True)
     _wait(pg, [pg._comm.Isend(payload, peer, _internal_tag("objects"))], "send_object_list")
     _complete(entry)
+    if failure is not None:
+        raise failure
 
 
 def recv_object_list(
@@ -617,6 +695,9 @@ def recv_object_list(
         msg = pg._comm.Improbe(peer, tag, status)
     buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
     _wait(pg, [msg.Irecv(buf)], "recv_object_list")
+    if buf.size >= _HEAD and int(buf[:_HEAD].view(np.int64)[0]) == _FAILED:  # dumps' header starts with k >= 0
+        _complete(entry)
+        _raise_failures(pg, "recv_object_list", {status.Get_source(): _failure_text(buf[_HEAD:])}, None)
     received = loads(buf)
     sender = pg._ranks[status.Get_source()]
     if len(received) != len(object_list):

@@ -15,6 +15,8 @@
 from __future__ import annotations
 
 import pickle
+import re
+import threading
 
 import numpy as np
 import pytest
@@ -77,3 +79,75 @@ def test_restricted_receivers_refuse_numpy_gadgets_and_the_group_stays_in_step(g
     dist.all_gather_object(out, {"r": me(), "a": np.arange(3.0) + me()})
     assert [o["r"] for o in out] == list(range(n))
     assert all(np.array_equal(o["a"], np.arange(3.0) + r) for r, o in enumerate(out))
+
+
+#: what a rank cannot pickle: a lock, and an object whose __reduce__ raises
+class _Refuses:
+    def __reduce__(self):
+        raise RuntimeError("not today")
+
+
+_UNPICKLABLE = {
+    "lock": (threading.Lock, "TypeError: cannot pickle '_thread.lock' object"),
+    "reduce": (_Refuses, "RuntimeError: not today"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(_UNPICKLABLE))
+def test_an_object_one_rank_cannot_pickle_raises_on_every_rank_at_once(group, members, what):
+    """The rank whose object cannot be pickled raised, and the others waited for it until the timeout (as gloo
+    does). Its error now travels in the exchange's first round: the others raise a DistError naming it, at
+    once, and the group stays usable. Every object collective, every root, over the group matrix."""
+    if not members:
+        return
+    make, text = _UNPICKLABLE[what]
+    n, bad = len(members), members[-1]
+    glob = f"rank {bad}: {text}"
+
+    def expect(fn, failing: bool, quiet: bool = False):
+        if failing:
+            with pytest.raises(Exception) as info:
+                fn()
+            assert type(info.value).__name__ == text.split(":")[0], info.value  # its own error, as pickling raised it
+        elif quiet:
+            fn()
+        else:
+            with pytest.raises(dist.DistError, match=re.escape(glob)):
+                fn()
+
+    out: list = [None] * n
+    expect(lambda: dist.all_gather_object(out, make() if me() == bad else me(), group=group), me() == bad)
+    for root in members:
+        lst = [make() if me() == root else None] if root == bad else [me()]
+        expect(
+            lambda lst=lst, root=root: dist.broadcast_object_list(lst, src=root, group=group),
+            me() == bad and root == bad,
+            quiet=root != bad,
+        )
+        got = [None] * n if me() == root else None
+        # gather: the failing rank raises its own error; the destination names it; the others are not told
+        expect(
+            lambda got=got, root=root: dist.gather_object(make() if me() == bad else me(), got, dst=root, group=group),
+            me() == bad,
+            quiet=me() != root,
+        )
+        # scatter: the source cannot pickle one entry; it raises its own error, every other rank a DistError
+        ins = [make() if r == bad else r for r in members] if me() == root else None
+        if me() == root:
+            with pytest.raises(Exception) as info:
+                dist.scatter_object_list([None], ins, src=root, group=group)
+            assert type(info.value).__name__ == text.split(":")[0], info.value
+        else:
+            said = f"rank {root}: scatter_object_input_list[{n - 1}]: {text}"
+            with pytest.raises(dist.DistError, match=re.escape(said)):
+                dist.scatter_object_list([None], None, src=root, group=group)
+    dist.all_gather_object(out, me(), group=group)  # the group is still in step
+    assert out == members
+    if n > 1 and me() in (members[0], bad):
+        if me() == bad:
+            with pytest.raises(Exception) as info:
+                dist.send_object_list([make()], dst=members[0], group=group)
+            assert type(info.value).__name__ == text.split(":")[0], info.value
+        else:
+            with pytest.raises(dist.DistError, match=re.escape(glob)):
+                dist.recv_object_list([None], src=bad, group=group)
