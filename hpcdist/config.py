@@ -296,7 +296,7 @@ def flight_dump_on_error() -> bool:
 
 #: below this many bytes the flat MPI call wins (one step instead of three): on the simulated 2 x 2 cluster
 #: the hierarchical all_reduce lost at 256 KiB in every run of 2026-11-25 and was about even at 512 KiB
-#: (docs/multinode.md#the-smallest-size-hpcdist-hier-min-bytes)
+#: (docs/multinode.md, "The smallest size (HPCDIST_HIER_MIN_BYTES)")
 DEFAULT_HIER_MIN_BYTES = 512 * 1024
 
 

@@ -59,6 +59,7 @@ VENDOR_SETTINGS: dict[str, str] = {
     "MPIR_CVAR_ENABLE_GPU": "MPICH",
 }
 
+#: the words of the vendors' own variables (HPCDIST_CUDA_AWARE takes the knobs' words, config.env_flag)
 _TRUE = {"1", "true", "yes", "on", "enable", "enabled"}
 _FALSE = {"0", "false", "no", "off", "disable", "disabled"}
 
@@ -73,16 +74,8 @@ def register_vendor_setting(var: str, vendor: str) -> None:
 
 
 def _override(env: Mapping[str, str]) -> CudaAwareness | None:
-    if env is os.environ:
-        value = config.cuda_aware_override()
-    else:  # same parsing, on the mapping given (tests, hpcdist info of another environment)
-        raw = env.get("HPCDIST_CUDA_AWARE", "").strip().lower()
-        if raw in _TRUE or raw in _FALSE:
-            value = raw in _TRUE
-        elif raw == "":
-            value = None
-        else:
-            raise ValueError(f"environment variable HPCDIST_CUDA_AWARE must be 1/0/true/false, got {raw!r}")
+    # one parser for both (the mapping: tests, hpcdist info of another environment): the knobs' boolean words
+    value = config.cuda_aware_override() if env is os.environ else config.env_flag("HPCDIST_CUDA_AWARE", None, env)
     if value is None:
         return None
     return CudaAwareness(value, "override", f"HPCDIST_CUDA_AWARE={env.get('HPCDIST_CUDA_AWARE', '').strip()}")

@@ -314,6 +314,8 @@ def _supervise(proc: subprocess.Popen, status_dir: str, timeout: float | None) -
             return _failed_status(status_dir), None  # the rank's, not the launcher's after our SIGTERM
         if timeout is not None and now - start > timeout:
             _stop(proc)
+            if failed_at is not None:  # a rank had failed first: the job ends for that, not for the timeout
+                return _failed_status(status_dir), None
             return 124, f"timed out after {timeout:g} s; job ended"
 
 

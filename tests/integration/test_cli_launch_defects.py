@@ -84,6 +84,18 @@ def test_status_of_a_rank_failing_before_mpi(tmp_path, how, status):
 
 
 @pytest.mark.timeout(120)
+def test_a_failure_before_a_short_timeout_keeps_its_status(tmp_path):
+    """With --timeout shorter than the grace given a failed rank's launcher (3 s), the job ended with 124 as if it
+    had timed out, though rank 1 had exited 3 at once: the rank's failure came first, its status is the job's."""
+    script = write(
+        tmp_path / "fail.py", "import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(3)\ntime.sleep(60)\n"
+    )
+    proc = hpcdist("run", "-n", "2", "--timeout", "2", str(script), cwd=tmp_path, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert "hpcdist run: rank 1 failed: " in proc.stderr and "timed out" not in proc.stderr
+
+
+@pytest.mark.timeout(120)
 def test_abbreviated_option_launches_with_its_value(tmp_path):
     """``--nproc 2`` (argparse's abbreviation of --nprocs) failed with 'expected one argument'."""
     script = write(tmp_path / "size.py", "import os\nos.write(1, f\"SIZE {os.environ['WORLD_SIZE']}\\n\".encode())\n")

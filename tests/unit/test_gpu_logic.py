@@ -8,6 +8,7 @@ Array-protocol objects here are plain Python objects exposing
 from __future__ import annotations
 
 import importlib.util
+import os
 import warnings
 
 import numpy as np
@@ -82,6 +83,22 @@ def test_default_is_not_cuda_aware_with_reason():
 def test_garbled_override_names_the_variable():
     with pytest.raises(ValueError, match="HPCDIST_CUDA_AWARE"):
         ca.detect({"HPCDIST_CUDA_AWARE": "perhaps"}, None)
+
+
+@pytest.mark.parametrize("word", ["1", "off", "Yes", " true ", "", "enable", "disabled", "2"])
+def test_override_parses_a_mapping_as_the_environment(word, monkeypatch):
+    """HPCDIST_CUDA_AWARE took "enable"/"disabled" from a mapping (hpcdist info of another environment) but refused
+    them from os.environ; both read it as every boolean knob now."""
+
+    def outcome(env):
+        try:
+            got = ca._override(env)
+            return None if got is None else got.enabled
+        except ValueError as exc:
+            return str(exc)
+
+    monkeypatch.setenv("HPCDIST_CUDA_AWARE", word)
+    assert outcome({"HPCDIST_CUDA_AWARE": word}) == outcome(os.environ)
 
 
 def test_register_vendor_setting_rejects_duplicates():
