@@ -758,9 +758,10 @@ def _split_counts(splits: Any, n: int, rows: int, row_elems: int, argname: str, 
     seq = splits.tolist() if hasattr(splits, "tolist") else list(splits)
     if len(seq) != n:
         raise ValueError(f"{argname} must hold one size per rank of the group ({n}), got {len(seq)}")
-    for s in seq:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+    for s in seq:  # NumPy integers too (``list(np_array)``), as torch takes any integer
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
             raise ValueError(f"{argname} must hold non-negative ints, got {seq!r}")
+    seq = [int(s) for s in seq]
     if sum(seq) != rows:
         raise ValueError(f"{argname} sums to {sum(seq)} but {tensor_name}'s first dimension is {rows}")
     return [s * row_elems for s in seq]
@@ -776,8 +777,9 @@ def all_to_all_single(
 ) -> Work | None:
     """Split ``input`` along dim 0, send chunk ``j`` to rank ``j``; concatenate what arrives into ``output``.
 
-    Splits (rows per rank) default to equal chunks; they may be uneven and
-    must agree between senders and receivers.
+    Splits (rows per rank, each array's own rows, as torch) default to equal
+    chunks; they may be uneven and must agree, in items, between senders and
+    receivers.
 
     Args:
         output: the rows received, in rank order (written in place).
@@ -798,18 +800,18 @@ def all_to_all_single(
     _same(out, inp, "output", "input")
     if len(inp.shape) == 0 or len(out.shape) == 0:
         raise ValueError("all_to_all_single needs arrays with at least one dimension")
+    # as torch, each array's splits count its own rows (input (4, 2) and output (8,) may exchange 2-item rows
+    # with 1-item ones): what travels is items, split_size x that array's row size
     in_rows, out_rows = inp.shape[0], out.shape[0]
     in_row = inp.arr.size // in_rows if in_rows else int(np.prod(inp.shape[1:], dtype=np.int64))
     out_row = out.arr.size // out_rows if out_rows else int(np.prod(out.shape[1:], dtype=np.int64))
-    if in_row != out_row:
-        raise ValueError(f"input and output rows must have the same size, got {inp.shape[1:]} and {out.shape[1:]}")
     scounts = _split_counts(input_split_sizes, pg._size, in_rows, in_row, "input_split_sizes", "input")
     rcounts = _split_counts(output_split_sizes, pg._size, out_rows, out_row, "output_split_sizes", "output")
     if scounts[pg._rank] != rcounts[pg._rank]:
         raise ValueError(
-            f"this rank sends itself {scounts[pg._rank] // max(in_row, 1)} rows but expects "
-            f"{rcounts[pg._rank] // max(out_row, 1)}; input_split_sizes[{pg._rank}] and "
-            f"output_split_sizes[{pg._rank}] must match"
+            f"this rank sends itself {scounts[pg._rank]} items (input_split_sizes[{pg._rank}] x input row of "
+            f"{in_row}) but expects {rcounts[pg._rank]} (output_split_sizes[{pg._rank}] x output row of {out_row}); "
+            "they must match"
         )
     eng, entry = _engine(pg, inp, "all_to_all_single", async_op=async_op)
     return _done(eng.all_to_all_single(out, inp, rcounts, scounts, sync=not async_op), async_op, entry)

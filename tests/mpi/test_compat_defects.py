@@ -1,0 +1,93 @@
+"""Array collectives' arguments against torch (gloo), found in the adversarial collectives round.
+
+* ``all_to_all_single`` refused an input and an output whose rows differ in
+  size ("input and output rows must have the same size"): torch counts each
+  array's split sizes in that array's own rows (gloo and NCCL move
+  ``split x row`` items), so an input of shape (n, 2) into an output of shape
+  (2n,) is a valid exchange there.
+* ``all_to_all_single`` refused split sizes held as NumPy integers
+  (``list(np_array)``, ``[np.int64(2), ...]``); torch takes any integer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hpcdist as dist
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+def me() -> int:
+    return dist.get_rank()
+
+
+def n() -> int:
+    return dist.get_world_size()
+
+
+def usable() -> None:
+    x = np.ones(3)
+    dist.all_reduce(x)
+    assert x.tolist() == [float(n())] * 3
+
+
+@pytest.mark.parametrize("uneven", [False, True])
+def test_all_to_all_single_counts_each_arrays_own_rows(uneven):
+    """Input rows of 2 items, output rows of 1: rank r sends rows to each peer, as gloo does."""
+    size, r = n(), me()
+    inp = np.arange(2 * size, dtype=np.float64).reshape(size, 2) + 100 * r  # row j (2 items) goes to rank j
+    out = np.zeros(2 * size)
+    if uneven:
+        dist.all_to_all_single(out, inp, output_split_sizes=[2] * size, input_split_sizes=[1] * size)
+    else:
+        dist.all_to_all_single(out, inp)
+    want = np.concatenate([np.array([2 * r, 2 * r + 1], dtype=np.float64) + 100 * p for p in range(size)])
+    assert np.array_equal(out, want), (out, want)
+    # the reverse: 1-item input rows into an output of 2-item rows
+    back = np.zeros((size, 2))
+    dist.all_to_all_single(back, out)
+    assert np.array_equal(back, inp)
+    usable()
+
+
+def test_all_to_all_single_items_that_disagree_still_raise_on_every_rank():
+    """Input (n, 2) into an output of n items: this rank would send itself 2 items but expects 1."""
+    with pytest.raises(ValueError) as info:
+        dist.all_to_all_single(np.zeros(n()), np.zeros((n(), 2)))
+    msg = str(info.value)
+    assert "input_split_sizes" in msg and "2 items" in msg and "expects 1" in msg, msg
+    usable()
+
+
+@pytest.mark.parametrize("form", ["numpy ints", "numpy array", "torch tensor"])
+def test_all_to_all_single_takes_integer_split_sizes(form):
+    size, r = n(), me()
+    splits = [1 + (j + r) % 2 for j in range(size)]  # rows this rank sends rank j
+    recv = [1 + (r + j) % 2 for j in range(size)]  # rows rank j sends this rank
+    if form == "numpy ints":
+        s_in, s_out = [np.int64(s) for s in splits], [np.int32(s) for s in recv]
+    elif form == "numpy array":
+        s_in, s_out = np.array(splits), np.array(recv)
+    else:
+        if torch is None:
+            pytest.skip("torch is not installed")
+        s_in, s_out = torch.tensor(splits), torch.tensor(recv)
+    inp = np.concatenate([np.full(s, 10.0 * r + j) for j, s in enumerate(splits)])
+    out = np.zeros(sum(recv))
+    dist.all_to_all_single(out, inp, s_out, s_in)
+    want = np.concatenate([np.full(s, 10.0 * j + r) for j, s in enumerate(recv)])
+    assert np.array_equal(out, want), (out, want)
+    usable()
+
+
+@pytest.mark.parametrize("bad", [[True], [1.0], [-1]], ids=["bool", "float", "negative"])
+def test_all_to_all_single_refuses_non_integer_split_sizes(bad):
+    splits = bad + [1] * (n() - 1)
+    with pytest.raises(ValueError, match="input_split_sizes must hold non-negative ints"):
+        dist.all_to_all_single(np.zeros(n()), np.zeros(n()), [1] * n(), splits)
+    usable()
