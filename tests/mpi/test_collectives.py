@@ -85,6 +85,18 @@ def test_all_gather_uneven(group, members, kind, dtype):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_all_gather_into_one_array_listed_in_every_slot(group, members, kind):
+    """The same output in every slot: each slot is written in rank order, so the last rank's data wins on every
+    rank (as gloo). Shared memory's staggered reads left each rank a different rank's data (3 ranks)."""
+    need(kind, "float64")
+    if not members:
+        return
+    o = empty(kind, (N,), "float64")
+    dist.all_gather([o] * len(members), make(kind, values(me(), N, "float64"), "float64"), group=group)
+    check(o, values(members[-1], N, "float64"), "float64")
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", ["float64", "int32", "float16"])
 def test_all_gather_into_tensor(group, members, kind, dtype):
     need(kind, dtype)

@@ -261,7 +261,10 @@ class ShmEngine(MPIEngine):
     def all_gather(self, outs: list[Buf], inp: Buf, sync: bool = False) -> Work | None:
         size = inp.arr.size
         even = all(o.arr.size == size for o in outs)  # the same on every rank: outs[r] has rank r's size
-        seg = self._use("all_gather", inp.arr.nbytes * len(outs)) if even else None
+        # one array in several slots: the segment's staggered reads would leave each rank a different slot's
+        # data in it; MPI's path unpacks in rank order (the last slot wins on every rank, as gloo)
+        distinct = len({id(o.obj) for o in outs}) == len(outs)
+        seg = self._use("all_gather", inp.arr.nbytes * len(outs)) if even and distinct else None
         if seg is None:
             return super().all_gather(outs, inp, sync)
         self._all_gather(seg, inp.arr.reshape(-1), [o.arr.reshape(-1) for o in outs])
