@@ -36,6 +36,7 @@ from .debug import DETAIL, check_collective
 from .flight import END, attach
 from .group import ProcessGroup, group_rank, resolve_group
 from .ops import CACHE as _OP_CACHE
+from .ops import NUMBERS as _NUMBERS
 from .ops import RedOpType, resolve_op, supports_complex
 from .work import Work
 
@@ -213,6 +214,8 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
     pg = resolve_group(group, "all_reduce")
     if pg is None:
         return None
+    if op is not SUM and isinstance(op, _NUMBERS) and type(op) is not RedOpType:
+        resolve_op(op, "float64")  # raises: a number hashes like a ReduceOp (True == AVG) in the lookups below
     lane = None
     if type(tensor) is _ndarray and not async_op and not DETAIL[0]:
         try:

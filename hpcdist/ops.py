@@ -156,12 +156,21 @@ _HALF = ("float16", "bfloat16")
 CACHE: dict[tuple[Any, str], ResolvedOp] = {}
 
 
+#: plain numbers, which compare and hash equal to RedOpType members (True == 1 == AVG) but are no ReduceOp
+NUMBERS = (bool, int, float, np.number)
+
+
 def resolve_op(op: Any, dtype: str, argname: str = "op") -> ResolvedOp:
     """Check ``op`` against the logical dtype name; return how to run it.
 
     Raises TypeError for a value that is no ReduceOp, ValueError for an op the
     dtype does not support (bitwise ops on floats, MIN/MAX on complex).
     """
+    if isinstance(op, NUMBERS) and type(op) is not RedOpType:  # True == AVG == 1.0 as dict keys: refuse first
+        raise TypeError(
+            f"{argname} must be a ReduceOp (e.g. ReduceOp.SUM), got {op!r}: a {type(op).__name__} is no ReduceOp "
+            "(was it meant for another argument, such as async_op?)"
+        )
     key = (op, dtype)
     try:
         hit = CACHE.get(key)  # checked once per (op, dtype): the hot path is this lookup

@@ -91,3 +91,25 @@ def test_all_to_all_single_refuses_non_integer_split_sizes(bad):
     with pytest.raises(ValueError, match="input_split_sizes must hold non-negative ints"):
         dist.all_to_all_single(np.zeros(n()), np.zeros(n()), [1] * n(), splits)
     usable()
+
+
+@pytest.mark.parametrize("op", [True, False, 1, 4, 1.0, 4.0, np.int64(1)], ids=repr)
+def test_a_number_as_op_is_refused_on_every_rank(op):
+    """torch raises TypeError for op=True (``all_reduce(t, True)``, meant as async_op) or op=4; hpcdist ran them
+    as AVG, SUM, MAX... since a number hashes like the ReduceOp of its value, also after that op's fast lane was
+    learned. Refused before any message, on every rank; the group goes on."""
+    x = np.ones(4)
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)  # the lanes of MAX and AVG are learned: a number must not take them
+    dist.all_reduce(x, op=dist.ReduceOp.AVG)
+    for call in (
+        lambda: dist.all_reduce(np.ones(4), op),
+        lambda: dist.all_reduce(np.ones(4), op=op, async_op=True),
+        lambda: dist.reduce(np.ones(4), dst=0, op=op),
+        lambda: dist.all_reduce_coalesced([np.ones(4)], op=op),
+        lambda: dist.reduce_scatter_tensor(np.ones(1), np.ones(dist.get_world_size()), op=op),
+    ):
+        with pytest.raises(TypeError, match="must be a ReduceOp"):
+            call()
+    y = np.full(3, float(dist.get_rank() + 1))
+    dist.all_reduce(y)
+    assert y.tolist() == [sum(range(1, dist.get_world_size() + 1))] * 3
