@@ -74,11 +74,16 @@ def _pickled(obj: Any) -> tuple[np.ndarray, BaseException | None]:
     try:
         return dumps(obj), None
     except Exception as exc:  # TypeError, PicklingError, AttributeError, RecursionError, a __reduce__ that raised
-        text = f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")[: _CHUNK - _HEAD]
-        out = np.empty(_HEAD + len(text), dtype=np.uint8)
-        out[:_HEAD] = np.array([_FAILED], dtype=np.int64).view(np.uint8)
-        out[_HEAD:] = np.frombuffer(text, dtype=np.uint8)
-        return out, exc
+        return _failure_payload(f"{type(exc).__name__}: {exc}"), exc
+
+
+def _failure_payload(text: str) -> np.ndarray:
+    """``[_FAILED][text]``, the text cut to fit a gather's chunk."""
+    raw = text.encode("utf-8", "replace")[: _CHUNK - _HEAD]
+    out = np.empty(_HEAD + len(raw), dtype=np.uint8)
+    out[:_HEAD] = np.array([_FAILED], dtype=np.int64).view(np.uint8)
+    out[_HEAD:] = np.frombuffer(raw, dtype=np.uint8)
+    return out
 
 
 def _failure_text(body: np.ndarray) -> str:
@@ -571,11 +576,9 @@ def scatter_object_list(
         for i, o in enumerate(scatter_object_input_list):
             part, failure = _pickled(o)
             if failure is not None:  # every rank gets the failure instead of its object
-                note = f"scatter_object_input_list[{i}]: "
-                text = (note + _failure_text(part[_HEAD:])).encode("utf-8", "replace")[: _CHUNK - _HEAD]
-                bad = np.zeros(_CHUNK, dtype=np.uint8)
-                bad[:_HEAD] = np.array([_FAILED], dtype=np.int64).view(np.uint8)
-                bad[_HEAD : _HEAD + len(text)] = np.frombuffer(text, dtype=np.uint8)
+                bad = _chunk(
+                    _failure_payload(f"scatter_object_input_list[{i}]: {_failure_text(part[_HEAD:])}"), failure
+                )
                 _wait(pg, [comm.Iscatter(np.stack([bad] * pg._size), mine, root)], "scatter_object_list")
                 _complete(entry)
                 raise failure
