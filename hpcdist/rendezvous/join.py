@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from hpcdist.store import Store
 
-__all__ = ["Joined", "join_world"]
+__all__ = ["Joined", "join_world", "stated_places"]
 
 #: Schemes that, under an MPI launcher, are accepted for compatibility only:
 #: COMM_WORLD is the world and no store is made from the URL.
@@ -99,8 +99,9 @@ def _check_types(init_method: object, rank: object, world_size: object, timeout:
 # --- under an MPI launcher --------------------------------------------------------------
 
 
-def _claims(init_method: str | None, rank: int, world_size: int) -> list[tuple[str, str, int]]:
-    """``(field, source, value)`` for every rank/world size the user stated."""
+def stated_places(init_method: str | None, rank: int, world_size: int) -> list[tuple[str, str, int]]:
+    """``(field, source, value)`` for every rank/world size the user stated: arguments, ``RANK``/``WORLD_SIZE``,
+    the URL query (the torch backend's env:// checks them against the launch too)."""
     out: list[tuple[str, str, int]] = []
     take_from_mpi = world_size in (0, -1) and rank in (0, -1)
     if not take_from_mpi:
@@ -129,7 +130,7 @@ def _claims(init_method: str | None, rank: int, world_size: int) -> list[tuple[s
 def _contradictions(init_method: str | None, rank: int, world_size: int, comm: MPI.Intracomm) -> str | None:
     try:
         truth = {"rank": comm.Get_rank(), "world_size": comm.Get_size()}
-        for field, source, value in _claims(init_method, rank, world_size):
+        for field, source, value in stated_places(init_method, rank, world_size):
             if value != truth[field]:
                 return (
                     f"{field} {value} from {source} contradicts the MPI launch, where this process has "

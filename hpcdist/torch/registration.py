@@ -101,20 +101,14 @@ def _contradicts_launch(url: str) -> str | None:
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         return None
     from ..rendezvous.detect import detect_launcher, launcher_rank_size
+    from ..rendezvous.join import stated_places
 
     truth = launcher_rank_size()
     if truth is None or truth[1] < 2:
         return None
-    query = dict(parse_qsl(urlparse(url).query))
-    for field, var, want in (("rank", "RANK", truth[0]), ("world_size", "WORLD_SIZE", truth[1])):
-        given, source = query.get(field, "-1"), f"the {field} argument"
-        if given.strip() == "-1":  # torch puts init_process_group's arguments in the query, -1 or absent: unset
-            given, source = os.environ.get(var, "").strip(), f"environment variable {var}"
-        try:
-            value = int(given)
-        except ValueError:
-            continue  # unset, or not a number: torch's own handler says so
-        if value != want:
+    want = {"rank": truth[0], "world_size": truth[1]}
+    for field, source, value in stated_places(url, -1, -1):  # torch puts rank=/world_size= in the URL query
+        if value != want[field]:
             return (
                 f"{field} {value} from {source} contradicts the MPI launch ({detect_launcher()}), where this "
                 f"process is rank {truth[0]} of {truth[1]}; variables inherited from a parent process (one that "
