@@ -19,13 +19,6 @@ from hpcdist.launch.run import UsageError, build_command, parse_args
 PY = "/opt/py/bin/python"
 
 
-@pytest.fixture
-def script(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "train.py").write_text("print('hi')\n")
-    return "train.py"
-
-
 def which_all(name):
     return f"/usr/bin/{name}"
 

@@ -15,13 +15,6 @@ PY = "/opt/py/bin/python"
 BOOT = [PY, "-m", "hpcdist.launch._bootstrap"]
 
 
-@pytest.fixture
-def script(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "train.py").write_text("print('hi')\n")
-    return "train.py"
-
-
 def which_none(_name):
     return None
 
