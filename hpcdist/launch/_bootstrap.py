@@ -243,6 +243,11 @@ def _report(exc: BaseException, info: RankInfo) -> None:
     os._exit(1)
 
 
+def _lookup_failure(exc: BaseException) -> bool:
+    """``-m name`` names no module: runpy's ImportError, raised before any frame of the program ran."""
+    return isinstance(exc, ImportError) and _trim(exc.__traceback__) is None
+
+
 def _note_exit(code: object) -> None:
     """A failing SystemExit (``raise SystemExit(1)`` too): end the job at exit when hpcdist's group is up."""
     init = sys.modules.get("hpcdist._init")
@@ -286,6 +291,10 @@ def main(argv: list[str] | None = None) -> None:
         raise
     except BaseException as exc:
         _record(status_dir, info.rank, exc)
+        if _lookup_failure(exc):  # as python -m: the message, no traceback of runpy's internals
+            sys.stderr.write(f"[rank {info.rank}] {sys.executable}: {exc}\n")
+            sys.stderr.flush()
+            os._exit(1)
         _report(exc, info)
     finally:
         sys.stdout.flush()

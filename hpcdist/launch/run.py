@@ -322,11 +322,11 @@ def _supervise(proc: subprocess.Popen, status_dir: str, timeout: float | None) -
 def execute(opts: RunOptions, env: Mapping[str, str] | None = None) -> int:
     """Launch the job; return the exit status for ``hpcdist run``."""
     env = os.environ if env is None else env
+    if opts.dry_run:  # the command as a user can run it: no status directory (it would be gone by then)
+        print(shlex.join(build_command(opts, env)[0]))
+        return 0
     with tempfile.TemporaryDirectory(prefix="hpcdist-run-") as status_dir:
         cmd, child_env = build_command(opts, env, status_dir)
-        if opts.dry_run:
-            print(shlex.join(cmd))
-            return 0
         try:
             proc = subprocess.Popen(cmd, env=child_env)
         except OSError as exc:

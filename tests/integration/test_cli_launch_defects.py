@@ -115,3 +115,36 @@ def test_usage_errors_exit_2_before_launch(tmp_path):
         proc = hpcdist(*args, cwd=tmp_path, timeout=30)
         assert proc.returncode == 2, (args, proc.stderr)
         assert proc.stderr.count("\n") == 1 and needle in proc.stderr and "never" not in proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_missing_module_reads_as_python_m(tmp_path):
+    """``-m nosuch.mod`` printed runpy's chained traceback on every rank; ``python -m`` prints one line.
+    An ImportError raised by the module's own code keeps its traceback."""
+    missing = hpcdist("run", "-n", "2", "-m", "nosuch_pkg_xyz.mod", cwd=tmp_path)
+    python_m = subprocess.run(
+        [sys.executable, "-m", "nosuch_pkg_xyz.mod"], cwd=tmp_path, capture_output=True, text=True, timeout=LIMIT
+    )
+    assert missing.returncode == python_m.returncode == 1
+    assert "Traceback" not in missing.stderr, missing.stderr
+    for rank in (0, 1):
+        assert f"[rank {rank}] {python_m.stderr.strip()}" in missing.stderr.splitlines(), missing.stderr
+    write(tmp_path / "broken_mod_xyz.py", "import nosuch_dependency_xyz\n")
+    broken = hpcdist("run", "-n", "1", "-m", "broken_mod_xyz", cwd=tmp_path)
+    assert broken.returncode == 1
+    assert "Traceback" in broken.stderr and "broken_mod_xyz.py" in broken.stderr, broken.stderr
+
+
+@pytest.mark.timeout(120)
+def test_dry_run_command_runs_as_printed(tmp_path):
+    """``--dry-run`` printed ``--status-dir`` of a temporary directory deleted before the user could run it."""
+    write(tmp_path / "hello.py", "import os\nos.write(1, b'hello\\n')\n")
+    dry = hpcdist("run", "--dry-run", "-n", "2", "hello.py", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "--status-dir" not in dry.stdout
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    ran = subprocess.run(
+        dry.stdout.strip(), shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=LIMIT
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == ["hello", "hello"]

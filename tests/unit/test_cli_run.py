@@ -238,3 +238,4 @@ def test_dry_run_prints_command(script, capsys, monkeypatch):
     assert runmod.main(["--dry-run", "-n", "3", script]) == 0
     out = capsys.readouterr().out
     assert out.startswith("/x/mpiexec -n 3 ") and sys.executable in out and out.rstrip().endswith(f"-- {script}")
+    assert "--status-dir" not in out  # a temporary directory that would be gone before the user runs it
