@@ -32,7 +32,7 @@ import numpy as np
 
 from .buffers.adapters import Buf, adapt, adapt_list
 from .buffers.packing import pack, unpack
-from .debug import DETAIL, check_collective
+from .debug import DETAIL, check_collective, check_traffic
 from .flight import END, attach
 from .group import ProcessGroup, group_rank, resolve_group
 from .ops import CACHE as _OP_CACHE
@@ -488,6 +488,8 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
     inp = adapt(tensor, "tensor", False)
     outs = _per_rank(pg, tensor_list, "tensor_list", True, inp, "tensor")
     eng, entry = _engine(pg, inp, "all_gather", async_op=async_op)
+    if DETAIL[0]:
+        check_traffic(pg, "all_gather", [inp.arr.size] * pg._size, [b.arr.size for b in outs])
     return _done(eng.all_gather(outs, inp, sync=not async_op), async_op, entry)
 
 
@@ -560,9 +562,25 @@ def all_gather_coalesced(
         column = [outl[i] for outl in output_tensor_lists]  # rank r's input i lands in output_tensor_lists[r][i]
         outs = _per_rank(pg, column, f"output_tensor_lists[*][{i}]", True, inp, f"input_tensor_list[{i}]")
         checked.append((outs, inp))
-    return _done(
-        _parts(pg, [(inp, (outs, inp)) for outs, inp in checked], "all_gather", "all_gather_coalesced"), async_op, None
-    )
+    if DETAIL[0]:  # the whole call at once: a part checked alone would leave a rank with fewer parts waiting
+        check_collective(pg, f"all_gather_coalesced({', '.join(str(inp.dtype) for _, inp in checked)})")
+        if checked:
+            sends = [[inp.arr.size for _, inp in checked]] * pg._size
+            check_traffic(
+                pg, "all_gather_coalesced", sends, [[o[r].arr.size for o, _ in checked] for r in range(pg._size)]
+            )
+    calls = [(inp, (outs, inp)) for outs, inp in checked]
+    return _done(_parts(pg, calls, "all_gather", "all_gather_coalesced", check=False), async_op, None)
+
+
+def _at(pg: ProcessGroup, root: int, size: int) -> list[int]:
+    """Items to or from each group rank when only ``root`` takes part (DETAIL size checks)."""
+    return [size if r == root else 0 for r in range(pg._size)]
+
+
+def _sizes(pg: ProcessGroup, bufs: list[Buf] | None) -> list[int]:
+    """The size of each array of a root's list; zeros on the other ranks (DETAIL size checks)."""
+    return [0] * pg._size if bufs is None else [b.arr.size for b in bufs]
 
 
 def _root_list(
@@ -609,6 +627,8 @@ def gather(
     inp = adapt(tensor, "tensor", False)
     outs = _root_list(pg, root, gather_list, "gather_list", inp, True, "destination")
     eng, entry = _engine(pg, inp, "gather", root, async_op=async_op)
+    if DETAIL[0]:
+        check_traffic(pg, "gather", _at(pg, root, inp.arr.size), _sizes(pg, outs))
     return _done(eng.gather(inp, outs, root, sync=not async_op), async_op, entry)
 
 
@@ -643,6 +663,8 @@ def scatter(
     out = adapt(tensor, "tensor", True)
     ins = _root_list(pg, root, scatter_list, "scatter_list", out, False, "source")
     eng, entry = _engine(pg, out, "scatter", root, async_op=async_op)
+    if DETAIL[0]:
+        check_traffic(pg, "scatter", _sizes(pg, ins), _at(pg, root, out.arr.size))
     return _done(eng.scatter(out, ins, root, sync=not async_op), async_op, entry)
 
 
@@ -674,6 +696,8 @@ def reduce_scatter(
     ins = _per_rank(pg, input_list, "input_list", False, out, "output")
     rop = resolve_op(op, out.dtype)
     eng, entry = _engine(pg, out, "reduce_scatter", async_op=async_op)
+    if DETAIL[0]:
+        check_traffic(pg, "reduce_scatter", [b.arr.size for b in ins], [out.arr.size] * pg._size)
     return _done(eng.reduce_scatter(out, ins, rop, sync=not async_op), async_op, entry)
 
 
@@ -747,6 +771,8 @@ def all_to_all(
             f"input_tensor_list[{pg._rank}] and output_tensor_list[{pg._rank}] (this rank to itself) must have equal sizes"
         )
     eng, entry = _engine(pg, ins[0], "all_to_all", async_op=async_op)
+    if DETAIL[0]:
+        check_traffic(pg, "all_to_all", [b.arr.size for b in ins], [b.arr.size for b in outs])
     return _done(eng.all_to_all(outs, ins, sync=not async_op), async_op, entry)
 
 
@@ -817,6 +843,8 @@ def all_to_all_single(
             "they must match"
         )
     eng, entry = _engine(pg, inp, "all_to_all_single", async_op=async_op)
+    if DETAIL[0]:
+        check_traffic(pg, "all_to_all_single", scounts, rcounts)
     return _done(eng.all_to_all_single(out, inp, rcounts, scounts, sync=not async_op), async_op, entry)
 
 

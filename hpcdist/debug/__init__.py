@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from .breakpoints import breakpoint
-from .detail import check_collective
+from .detail import check_collective, check_traffic
 from .levels import DETAIL, DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
 from .monitored import monitored_barrier
 
@@ -22,6 +22,7 @@ __all__ = [
     "DebugLevel",
     "breakpoint",
     "check_collective",
+    "check_traffic",
     "get_debug_level",
     "monitored_barrier",
     "set_debug_level",
