@@ -10,6 +10,7 @@ intracommunicator, duplicated for hpcdist's own use.
 
 from __future__ import annotations
 
+import secrets
 import sys
 import traceback
 from datetime import timedelta
@@ -110,6 +111,7 @@ def init_process_group(
     WORLD.store_owned = store is None
     WORLD.joined_comm = joined.comm
     WORLD.node_of, WORLD.node_cpus = node_layout_and_cpus(comm, tmo.total_seconds())
+    WORLD.run_id = _run_id(comm, tmo)
     WORLD.exported_env = export_torchrun_env(
         comm, comm.Get_rank(), n, store=group_store, timeout=tmo, node_of=WORLD.node_of
     )
@@ -119,6 +121,19 @@ def init_process_group(
     flight.install(group_store if n > 1 else None)  # dump directory, dump requests, SIGUSR2 (docs/debugging.md)
     if n > 1 and config.abort_on_exception():
         _install_abort_hook()
+
+
+def _run_id(comm: Any, timeout: timedelta) -> str:
+    """Rank 0's random 64-bit id of this init, on every rank (one 8-byte broadcast, bounded by ``timeout``).
+
+    Flight recorder dumps carry it, so the analyzer tells the dumps of two runs of one job apart.
+    """
+    import numpy as np
+
+    word = np.frombuffer(secrets.token_bytes(8), dtype=np.uint64).copy()
+    if comm.Get_size() > 1:
+        wait_or_raise(comm, [comm.Ibcast(word, 0)], timeout.total_seconds(), "init_process_group (run id)", INIT_HINT)
+    return f"{int(word[0]):016x}"
 
 
 def _timed_dup(comm: Any, timeout: timedelta) -> Any:

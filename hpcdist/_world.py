@@ -30,6 +30,7 @@ class World:
         self.node_of: list[int] = []  # node index of every world rank (hpcdist.topology.node_layout)
         self.node_cpus: list[int] = []  # CPUs of every world rank's node (hpcdist.topology.node_layout_and_cpus)
         self.exported_env: dict[str, Any] = {}  # torchrun variables init set: name -> (earlier value, value set)
+        self.run_id = ""  # this init's id, the same on every rank (rank 0's, random): flight dumps carry it
 
     def next_name(self) -> str:
         name = str(self.pg_count)

@@ -74,6 +74,7 @@ def load_dumps(directory: str) -> dict[int, dict[str, Any]]:
         raise ValueError(f"{directory!r} is not a directory (expected the flight recorder's dump directory)")
     out: dict[int, dict[str, Any]] = {}
     paths: dict[int, list[str]] = {}  # world size -> the files that name it
+    runs: dict[str, list[str]] = {}  # run id (one per init_process_group) -> the files that name it
     for name in sorted(os.listdir(directory)):
         if not (name.startswith("rank-") and name.endswith(".json")):
             continue
@@ -95,6 +96,8 @@ def load_dumps(directory: str) -> dict[int, dict[str, Any]]:
         out[rank if rank >= 0 else -1 - len(out)] = data
         if data["world_size"] >= 0:  # not a dump of a process without a process group (rank-pid<PID>.json)
             paths.setdefault(data["world_size"], []).append(name)
+            if isinstance(data.get("run"), str) and data["run"]:
+                runs.setdefault(data["run"], []).append(name)
     if not out:
         raise ValueError(f"no flight recorder dumps (rank-*.json) in {directory!r}")
     if len(paths) > 1:  # a stale file of an earlier job of another size (the default directory is reused)
@@ -102,6 +105,12 @@ def load_dumps(directory: str) -> dict[int, dict[str, Any]]:
         raise ValueError(
             f"the dumps in {directory!r} come from different jobs ({sizes}); "
             "remove the stale files, or move one job's files to a directory of their own"
+        )
+    if len(runs) > 1:  # equal sizes: a later run overwrote some ranks' files and left the others' stale
+        which = "; ".join(f"run {run}: {', '.join(names)}" for run, names in sorted(runs.items()))
+        raise ValueError(
+            f"the dumps in {directory!r} come from different runs of a job of one size ({which}); "
+            "remove the stale files, or move one run's files to a directory of their own"
         )
     return out
 

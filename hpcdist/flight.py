@@ -226,6 +226,7 @@ def collect(reason: str) -> dict[str, Any]:
         "rank": -1 if default is None else default._rank,
         "world_size": -1 if default is None else default._size,
         "job": _job_id(),
+        "run": WORLD.run_id,
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "time": _time(),

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -473,3 +474,35 @@ def test_a_receive_never_sent_ends_the_job_and_is_traced_to_its_sender(tmp_path)
     if 1 in dumps:  # rank 1's dump (requested through the store) arrived before MPI_Abort
         assert "rank 1 sent it 1 message(s), rank 0 posted 2 receive(s) from it" in text, text
         assert "time.sleep(60)" in text, text
+
+
+def test_dumps_of_two_runs_of_one_size_in_one_directory_are_refused(tmp_path):
+    """Two runs of a 2-rank job dump into one directory, the second on rank 0 only: its rank-0.json replaced the
+    first run's, rank-1.json stayed stale, and the analyzer read the pair as one job. Every dump now carries the
+    run's id (the same on every rank of one run, another in the next), and the analyzer refuses the mix."""
+    body = """
+    dist.init_process_group("mpi", timeout=timedelta(seconds=30))
+    if dist.get_rank() == 0 or os.environ["BOTH"] == "1":
+        dist.dump_flight_recorder()
+    dist.barrier()
+    """
+    fdir = tmp_path / "flight"
+    first = run_mpi(2, PRELUDE + textwrap.dedent(body), tmp_path, env={"HPCDIST_FLIGHT_DIR": str(fdir), "BOTH": "1"})
+    assert first.returncode == 0, first.output[-2000:]
+    runs = {r: d["run"] for r, d in _dumps(fdir).items()}
+    assert sorted(runs) == [0, 1] and runs[0] == runs[1] and re.fullmatch(r"[0-9a-f]{16}", runs[0]), runs
+    assert "dumps of 2 of 2 ranks" in _analyze(fdir)  # one run: read as before
+    second = run_mpi(2, PRELUDE + textwrap.dedent(body), tmp_path, env={"HPCDIST_FLIGHT_DIR": str(fdir), "BOTH": "0"})
+    assert second.returncode == 0, second.output[-2000:]
+    now = {r: d["run"] for r, d in _dumps(fdir).items()}
+    assert now[1] == runs[1] and now[0] != runs[0], (runs, now)
+    out = subprocess.run(
+        [sys.executable, "-m", "hpcdist", "debug", "analyze", str(fdir)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stdout
+    assert "come from different runs" in out.stderr and f"run {now[0]}: rank-0.json" in out.stderr, out.stderr
+    assert f"run {runs[1]}: rank-1.json" in out.stderr, out.stderr

@@ -95,6 +95,20 @@ def test_dumps_of_jobs_of_different_sizes_are_refused(tmp_path: Path, capsys):
     assert "come from different jobs" in err and "world size 4: rank-2.json, rank-3.json" in err
 
 
+def test_dumps_of_two_runs_of_one_size_are_refused(tmp_path: Path, capsys):
+    """Equal world sizes: a later run replaced rank-0.json and left rank-1.json of the earlier one."""
+    (tmp_path / "rank-0.json").write_text(json.dumps(_dump(0, run="00000000000000bb")))
+    (tmp_path / "rank-1.json").write_text(json.dumps(_dump(1, run="00000000000000aa")))
+    assert main(["analyze", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "come from different runs" in err, err
+    assert "run 00000000000000aa: rank-1.json; run 00000000000000bb: rank-0.json" in err, err
+    (tmp_path / "rank-1.json").write_text(json.dumps(_dump(1, run="00000000000000bb")))
+    assert sorted(load_dumps(str(tmp_path))) == [0, 1]
+    (tmp_path / "rank-1.json").write_text(json.dumps(_dump(1)))  # a dump without a run id (an older hpcdist)
+    assert sorted(load_dumps(str(tmp_path))) == [0, 1]
+
+
 def test_a_dump_without_process_group_is_still_read(tmp_path: Path):
     (tmp_path / "rank-0.json").write_text(json.dumps(_dump(0)))
     (tmp_path / "rank-pid42.json").write_text(json.dumps(_dump(-1, world=-1, groups=[])))
