@@ -264,14 +264,18 @@ def test_store_wait_with_a_dead_peer_ends(tmp_path, victim):
 # ------------------------------------------------------------------ the flight recorder on real failures
 
 
-def _analyze(directory: Path) -> str:
-    out = subprocess.run(
+def _analyzed(directory: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [sys.executable, "-m", "hpcdist", "debug", "analyze", str(directory)],
         env=_env(),
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def _analyze(directory: Path) -> str:
+    out = _analyzed(directory)
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -496,13 +500,7 @@ def test_dumps_of_two_runs_of_one_size_in_one_directory_are_refused(tmp_path):
     assert second.returncode == 0, second.output[-2000:]
     now = {r: d["run"] for r, d in _dumps(fdir).items()}
     assert now[1] == runs[1] and now[0] != runs[0], (runs, now)
-    out = subprocess.run(
-        [sys.executable, "-m", "hpcdist", "debug", "analyze", str(fdir)],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = _analyzed(fdir)
     assert out.returncode == 2, out.stdout
     assert "come from different runs" in out.stderr and f"run {now[0]}: rank-0.json" in out.stderr, out.stderr
     assert f"run {runs[1]}: rank-1.json" in out.stderr, out.stderr
