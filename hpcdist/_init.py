@@ -225,7 +225,8 @@ def destroy_process_group(group: Any = None) -> None:
 
     Args:
         group: the group to destroy (None: every group, then the default one, and the store
-            hpcdist made).
+            hpcdist made). ``GroupMember.NON_GROUP_MEMBER`` (a group this rank is not in) is a
+            no-op, as in torch.
     """
     if group is None or group is WORLD.default_pg:
         if WORLD.default_pg is None:
@@ -247,6 +248,10 @@ def destroy_process_group(group: Any = None) -> None:
                     close()
                 except Exception:  # pragma: no cover - teardown must go on
                     pass
+        return
+    if group is GroupMember.NON_GROUP_MEMBER:  # torch: nothing to do, no warning (a loop over all subgroups)
+        if WORLD.default_pg is None:
+            raise not_initialized()
         return
     pg = resolve_group(group, "destroy_process_group")
     if pg is not None:

@@ -21,6 +21,7 @@ there, hpcdist the module itself, so no class hides the module).
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 import zlib
 from datetime import timedelta
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import config
-from ._timed import guarded, timed_allgather_json, timed_members_barrier, watched
+from ._timed import timed_members_barrier, wait_or_raise, watched
 from ._world import WORLD as _WORLD
 from ._world import not_initialized
 from .backends import Engine, parse_backend
@@ -96,6 +97,7 @@ class ProcessGroup:
         # thread's blocking call in the same domain raises (busy_error)
         self._call_domain, self._thread_level = _call_domain(self)
         self._monitored_seq = 0  # monitored_barrier's sequence number on this group
+        self._local_counts: dict[tuple[int, ...], int] = {}  # members -> groups only they made from this one
         self._node_local: int | None = None  # node-local rank (a collective to find; cached per group)
         # a world joined over MPI ports (no launcher): receives from any source probe first (work.ProbedRecv)
         self._probe_any = _WORLD.launcher is None and self._size > 1
@@ -320,31 +322,56 @@ GROUP_HINT = (
 )
 
 
-def _split(comm: Any, color: int, key: int, timeout: timedelta, what: str) -> Any:
-    """``comm.Split(color, key)`` after a polled barrier: a rank that never comes raises, never hangs."""
-    return guarded(lambda: comm.Split(color, key), comm, timeout.total_seconds(), what, GROUP_HINT)
-
-
 def _create_group(comm: Any, members: list[int], timeout: timedelta, what: str) -> Any:
     """``MPI_Comm_create_group`` of ``members`` (ranks of ``comm``), collective over the members only, bounded."""
     limit = timeout.total_seconds()
     timed_members_barrier(comm, members, limit, what, GROUP_HINT)
     mpi_group = comm.Get_group().Incl(members)
     try:
-        return watched(lambda: comm.Create_group(mpi_group, tag=_tag_for(members)), limit, what)
+        return watched(
+            lambda: _new_comm(lambda: comm.Create_group(mpi_group, tag=_tag_for(members)), what), limit, what
+        )
     finally:
         mpi_group.Free()
 
 
-def _validate_ranks(ranks: Any, world_size: int, argname: str = "ranks") -> list[int]:
-    if not isinstance(ranks, (list, tuple, range)):
+def _new_comm(make: Any, what: str) -> Any:
+    """``make()``, a new communicator; an MPI error (MPICH runs out of communicators near 2048) as DistBackendError.
+
+    Every rank of the parent takes part in allocating the communicator's context, so all of them fail alike.
+    """
+    from mpi4py import MPI
+
+    try:
+        return make()
+    except MPI.Exception as e:
+        from .errors import DistBackendError
+
+        raise DistBackendError(
+            f"{what}: MPI could not create the new group's communicator ({len(_WORLD.groups)} groups exist on this "
+            "rank; an MPI process holds a limited number of communicators, MPICH about 2048): destroy the groups "
+            f"you no longer use with destroy_process_group(group). MPI said: {str(e).strip()[-300:]}"
+        ) from e
+
+
+def _validate_ranks(ranks: Any, world_size: int, argname: str = "ranks", of: str = "the world's ranks") -> list[int]:
+    """``ranks`` as a list of ints in ``0..world_size-1``, without repeats; TypeError/ValueError naming ``argname``.
+
+    Takes what torch takes: a list, tuple, range or set, a 1-D NumPy array or torch tensor, and
+    NumPy integers among plain ones (``list(np.arange(4))``). A bool or a float is refused.
+    """
+    if isinstance(ranks, (str, bytes, dict)) or not hasattr(ranks, "__iter__"):
         raise TypeError(f"{argname} must be a list of global ranks, got {type(ranks).__name__}")
+    tolist = getattr(ranks, "tolist", None)  # a NumPy array or torch tensor: its items as Python numbers
+    items = tolist() if tolist is not None and not isinstance(ranks, (list, tuple, range)) else list(ranks)
+    if not isinstance(items, list):
+        raise TypeError(f"{argname} must be a 1-D list of global ranks, got {type(ranks).__name__} {ranks!r:.60}")
     out: list[int] = []
-    for r in ranks:
-        if isinstance(r, bool) or not isinstance(r, int):
+    for r in items:
+        if isinstance(r, (bool, np.bool_)) or not isinstance(r, (int, np.integer)):
             raise TypeError(f"{argname} must hold ints, got {r!r} ({type(r).__name__})")
         if not 0 <= r < world_size:
-            raise ValueError(f"{argname} holds rank {r}, outside the world's ranks 0..{world_size - 1}")
+            raise ValueError(f"{argname} holds rank {r}, outside {of} 0..{world_size - 1}")
         out.append(int(r))
     if len(set(out)) != len(out):
         dup = sorted({r for r in out if out.count(r) > 1})
@@ -352,13 +379,30 @@ def _validate_ranks(ranks: Any, world_size: int, argname: str = "ranks") -> list
     return out
 
 
-def _make_pg(comm: Any, ranks: list[int], timeout: timedelta, backend: Any, desc: str | None) -> ProcessGroup:
+def _validate_lists(lists: Any, world_size: int, argname: str, what: str, of: str) -> list[list[int]]:
+    """``ranks_per_subgroup_list`` / ``split_ranks``: a non-empty list of non-empty rank lists, each checked."""
+    if isinstance(lists, (str, bytes, dict)) or not hasattr(lists, "__iter__"):
+        raise TypeError(f"{argname} must be a list of lists of {what}, got {type(lists).__name__}")
+    tolist = getattr(lists, "tolist", None)
+    given = tolist() if tolist is not None and not isinstance(lists, (list, tuple)) else list(lists)
+    if not isinstance(given, list) or not given:
+        raise ValueError(f"{argname} must be a non-empty list of lists of {what}, got {lists!r:.80}")
+    out = [_validate_ranks(lst, world_size, f"{argname}[{i}]", of) for i, lst in enumerate(given)]
+    for i, lst in enumerate(out):
+        if not lst:
+            raise ValueError(f"{argname}[{i}] is empty: every group needs at least one rank")
+    return out
+
+
+def _make_pg(
+    comm: Any, ranks: list[int], timeout: timedelta, backend: Any, desc: str | None, name: str | None = None
+) -> ProcessGroup:
     world = default_pg()
     if backend is None:
         bmap, bstr = dict(world._backend_map), world._backend_str
     else:
         bmap, bstr = parse_backend(backend), str(backend).lower()
-    name = _WORLD.next_name()
+    name = name or _WORLD.next_name()
     pg = ProcessGroup(
         comm,
         ranks,
@@ -391,7 +435,9 @@ def new_group(
     ``GroupMember.NON_GROUP_MEMBER`` elsewhere.
 
     Args:
-        ranks: the members' global ranks, without repeats (None or empty: every rank).
+        ranks: the members' global ranks, without repeats (None or empty: every rank): a list,
+            tuple, range or set of ints, a 1-D NumPy array or torch tensor. Every rank passes the
+            same ones (compared after sorting: ranks given different ones all raise ValueError).
         timeout: the new group's timeout of every blocking operation (default: ``HPCDIST_TIMEOUT``, 30 min).
         backend: the new group's backend or device map (default: the default group's).
         pg_options: accepted for torch compatibility and ignored (MPI takes no per-group options).
@@ -408,26 +454,34 @@ def new_group(
     """
     world = default_pg()
     n = world.size()
-    members = list(range(n)) if not ranks else _validate_ranks(ranks, n)
+    members = list(range(n)) if ranks is None else _validate_ranks(ranks, n) or list(range(n))
     if sort_ranks:
         members.sort()
     tmo = _check_timeout(timeout)
     if backend is not None:
         parse_backend(backend)
-    me = world.rank()
     if use_local_synchronization:
-        if me not in members:
+        if world.rank() not in members:
             return GroupMember.NON_GROUP_MEMBER
         comm = _create_group(world._comm, members, tmo, "new_group(use_local_synchronization=True)")
-        return _make_pg(comm, members, tmo, backend, group_desc)
-    from mpi4py import MPI
+        return _make_pg(comm, members, tmo, backend, group_desc, _local_name(world, members))
+    # every rank shows the others its members first: ranks given different lists raise ValueError on every rank
+    mine, _ = _split_many(world, [members], tmo, backend, group_desc, "new_group")
+    return GroupMember.NON_GROUP_MEMBER if mine is None else mine
 
-    pos = {g: i for i, g in enumerate(members)}
-    comm = _split(world._comm, 0 if me in pos else MPI.UNDEFINED, pos.get(me, 0), tmo, "new_group")
-    if me not in pos:
-        _WORLD.next_name()  # keep group names aligned across ranks
-        return GroupMember.NON_GROUP_MEMBER
-    return _make_pg(comm, members, tmo, backend, group_desc)
+
+def _local_name(parent: ProcessGroup, members: list[int]) -> str:
+    """The name of a group only its members create (use_local_synchronization, shrink_group), as torch's hashed one.
+
+    The world's group counter (``0``, ``1``, ...) advances on every rank of the world; a group that the
+    others never see must not advance it, or the next groups would have different names on different ranks
+    (the flight recorder's analysis matches groups by name). Members create their groups in one order, so the
+    number of groups of these members made from ``parent`` so far is the same on each of them.
+    """
+    key = tuple(members)
+    k = parent._local_counts.get(key, 0)
+    parent._local_counts[key] = k + 1
+    return f"{hashlib.sha1('_'.join(map(str, members)).encode(), usedforsecurity=False).hexdigest()[:16]}_{k}"
 
 
 def _tag_for(ranks: list[int]) -> int:
@@ -438,15 +492,22 @@ def _tag_for(ranks: list[int]) -> int:
 
 
 def _split_many(
-    parent: ProcessGroup, lists: list[list[int]], timeout: timedelta, backend: Any, desc: str | None, what: str
+    parent: ProcessGroup,
+    lists: list[list[int]],
+    timeout: timedelta,
+    backend: Any,
+    desc: str | None,
+    what: str,
+    given: Any = None,
 ) -> tuple[Any, list[Any]]:
     """One MPI_Comm_split of ``parent`` into the given lists of *global* ranks.
 
-    The ranks first show each other a checksum of their ``lists`` (the
-    exchange that proves every rank is there): ranks that were given
-    different lists (a mesh built otherwise on some ranks) raise the same
-    ValueError on every rank, where a split would make groups whose members
-    disagree about who is in them.
+    The ranks first show each other a checksum of their ``lists`` (or of
+    ``given``, the lists as the caller passed them, when ``lists`` is derived
+    from them: the exchange that proves every rank is there): ranks that were
+    given different lists (a mesh built otherwise on some ranks) raise the
+    same ValueError on every rank, where a split would make groups whose
+    members disagree about who is in them.
     """
     from mpi4py import MPI
 
@@ -456,15 +517,18 @@ def _split_many(
         if me in lst:
             color, key = i, lst.index(me)
     limit = timeout.total_seconds()
-    digests = timed_allgather_json(parent._comm, zlib.crc32(repr(lists).encode()), limit, what, GROUP_HINT)
-    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    shown = lists if given is None else given
+    digests = np.empty(parent._size, dtype=np.int64)  # one polled MPI_Iallgather, as cheap as the barrier it replaces
+    digest = np.array([zlib.crc32(repr(shown).encode())], dtype=np.int64)
+    wait_or_raise(parent._comm, [parent._comm.Iallgather(digest, digests)], limit, what, GROUP_HINT)
+    differ = [r for r, d in enumerate(digests.tolist()) if d != digests[0]]
     if differ:
         raise ValueError(
             f"{what}: the ranks were given different groups to make: group rank(s) {differ} passed other rank lists "
-            f"than group rank 0 (this rank, group rank {parent.rank()}, passed {lists}); every rank must pass the "
-            "same mesh / rank lists"
+            f"than group rank 0 (this rank, group rank {parent.rank()}, passed {shown!r:.200}); every rank "
+            "must pass the same mesh / rank lists"
         )
-    comm = watched(lambda: parent._comm.Split(color, key), limit, what)
+    comm = watched(lambda: _new_comm(lambda: parent._comm.Split(color, key), what), limit, what)
     out: list[Any] = []
     mine: Any = None
     for i, lst in enumerate(lists):
@@ -504,20 +568,22 @@ def new_subgroups(
         ``(this rank's subgroup, all subgroups)``; the subgroups this rank is not in are
         ``GroupMember.NON_GROUP_MEMBER``.
     """
-    parent = resolve_group(group, "new_subgroups") if group is not None else default_pg()
-    if parent is None:
-        raise ValueError("new_subgroups: this rank is not a member of the parent group")
+    parent = _as_pg(group, "new_subgroups")  # a non-member: ValueError, no "does nothing" warning
     tmo = _check_timeout(timeout)
+    if backend is not None:
+        parse_backend(backend)
     if group_size is None:
         group_size = _ranks_per_node(parent)
-    if isinstance(group_size, bool) or not isinstance(group_size, int):
-        raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
+    if isinstance(group_size, (bool, np.bool_)) or not isinstance(group_size, (int, np.integer)):
+        raise TypeError(f"group_size must be an int, got {type(group_size).__name__} ({group_size!r:.40})")
+    group_size = int(group_size)
     n = parent.size()
     if group_size <= 0 or group_size > n:
         raise ValueError(f"group_size must be in 1..{n} (the parent group's size), got {group_size}")
     if n % group_size != 0:
         raise ValueError(f"group_size={group_size} must divide the parent group's size {n}")
-    lists = [parent._ranks[i : i + group_size] for i in range(0, n, group_size)]
+    # consecutive group ranks of the parent, each block in global-rank order as torch's (it calls new_group)
+    lists = [sorted(parent._ranks[i : i + group_size]) for i in range(0, n, group_size)]
     return _split_many(parent, lists, tmo, backend, group_desc, "new_subgroups")
 
 
@@ -552,10 +618,13 @@ def new_subgroups_by_enumeration(
 ) -> tuple[Any, list[Any]]:
     """Create one subgroup per list of global ranks (lists must not overlap).
 
-    Collective over the default group: every rank calls it with the same lists.
+    Collective over the default group: every rank calls it with the same lists
+    (ranks given different lists all raise ValueError). Each subgroup's group
+    ranks are in global-rank order, as torch's (whose ``new_group`` sorts).
 
     Args:
-        ranks_per_subgroup_list: one list of global ranks per subgroup, non-empty, disjoint.
+        ranks_per_subgroup_list: one list of global ranks per subgroup, non-empty, disjoint (a
+            2-D NumPy array works too).
         timeout: the new group's timeout of every blocking operation (default: ``HPCDIST_TIMEOUT``, 30 min).
         backend: the new group's backend or device map (default: the default group's).
         pg_options: accepted for torch compatibility and ignored (MPI takes no per-group options).
@@ -566,21 +635,21 @@ def new_subgroups_by_enumeration(
         ``GroupMember.NON_GROUP_MEMBER``.
     """
     world = default_pg()
-    if not isinstance(ranks_per_subgroup_list, (list, tuple)) or not ranks_per_subgroup_list:
-        raise ValueError(
-            f"ranks_per_subgroup_list must be a non-empty list of rank lists, got {ranks_per_subgroup_list!r}"
-        )
-    lists = [
-        _validate_ranks(lst, world.size(), f"ranks_per_subgroup_list[{i}]")
-        for i, lst in enumerate(ranks_per_subgroup_list)
-    ]
+    lists = _validate_lists(
+        ranks_per_subgroup_list, world.size(), "ranks_per_subgroup_list", "global ranks", "the world's ranks"
+    )
     seen: dict[int, int] = {}
     for i, lst in enumerate(lists):
         for r in lst:
             if r in seen:
                 raise ValueError(f"rank {r} appears in subgroups {seen[r]} and {i}: subgroups must not overlap")
             seen[r] = i
-    return _split_many(world, lists, _check_timeout(timeout), backend, group_desc, "new_subgroups_by_enumeration")
+    tmo = _check_timeout(timeout)
+    if backend is not None:
+        parse_backend(backend)
+    # group ranks in global-rank order, as torch's (its new_group sorts each list); the lists as given are compared
+    ordered = [sorted(lst) for lst in lists]
+    return _split_many(world, ordered, tmo, backend, group_desc, "new_subgroups_by_enumeration", given=lists)
 
 
 def split_group(
@@ -594,11 +663,14 @@ def split_group(
     """Split ``parent_pg`` (default: the world) into disjoint groups.
 
     Collective over the parent: each of its ranks calls it with the same
-    ``split_ranks``.
+    ``split_ranks`` (ranks given different ones all raise ValueError). Each
+    split's group ranks follow its parent ranks in order, as torch sorts each
+    split.
 
     Args:
         parent_pg: the group to split (None: the default group).
-        split_ranks: one list per new group of *group ranks of the parent*, as in torch; disjoint.
+        split_ranks: one list per new group of *group ranks of the parent*, as in torch; disjoint,
+            none empty.
         timeout: the new group's timeout of every blocking operation (default: ``HPCDIST_TIMEOUT``, 30 min).
         pg_options: accepted for torch compatibility and ignored (MPI takes no per-group options).
         group_desc: a description of the group, shown in errors and the flight recorder.
@@ -607,19 +679,21 @@ def split_group(
     Returns:
         This rank's new group, or None when it is in none of ``split_ranks``.
     """
-    parent = resolve_group(parent_pg, "split_group") if parent_pg is not None else default_pg()
-    if parent is None:
-        raise ValueError("split_group: this rank is not a member of parent_pg")
-    if not split_ranks:
-        raise ValueError(f"split_ranks must be a non-empty list of lists of parent group ranks, got {split_ranks!r}")
-    lists = [_validate_ranks(lst, parent.size(), f"split_ranks[{i}]") for i, lst in enumerate(split_ranks)]
+    parent = _as_pg(parent_pg, "split_group")
+    if split_ranks is None:
+        raise ValueError("split_ranks must be a non-empty list of lists of parent group ranks, got None")
+    lists = _validate_lists(split_ranks, parent.size(), "split_ranks", "parent group ranks", "the parent group's ranks")
     seen: set[int] = set()
     for i, lst in enumerate(lists):
         if seen & set(lst):
             raise ValueError(f"split_ranks[{i}] overlaps an earlier split: {sorted(seen & set(lst))}")
         seen |= set(lst)
-    global_lists = [[parent._ranks[r] for r in lst] for lst in lists]
-    mine, _ = _split_many(parent, global_lists, _check_timeout(timeout), backend, group_desc, "split_group")
+    tmo = _check_timeout(timeout)
+    if backend is not None:
+        parse_backend(backend)
+    # each split in parent-rank order, as torch's split_group sorts it; the lists as given are compared
+    global_lists = [[parent._ranks[r] for r in sorted(lst)] for lst in lists]
+    mine, _ = _split_many(parent, global_lists, tmo, backend, group_desc, "split_group", given=lists)
     return mine
 
 
@@ -643,17 +717,16 @@ def shrink_group(
     Returns:
         The new :class:`ProcessGroup`, with ``group``'s timeout and the default group's backend.
     """
-    parent = resolve_group(group, "shrink_group") if group is not None else default_pg()
-    if parent is None:
-        raise ValueError("shrink_group: this rank is not a member of group")
-    excluded = set(_validate_ranks(ranks_to_exclude, parent.size(), "ranks_to_exclude"))
+    parent = _as_pg(group, "shrink_group")
+    excluded = set(_validate_ranks(ranks_to_exclude, parent.size(), "ranks_to_exclude", "the group's ranks"))
     if not excluded:
         raise ValueError("ranks_to_exclude must name at least one rank of the group")
     if parent.rank() in excluded:
         raise ValueError(f"shrink_group: this rank (group rank {parent.rank()}) is in ranks_to_exclude")
     keep = [r for r in range(parent.size()) if r not in excluded]
     comm = _create_group(parent._comm, keep, parent._timeout, "shrink_group")
-    return _make_pg(comm, [parent._ranks[r] for r in keep], parent._timeout, None, "shrunk")
+    members = [parent._ranks[r] for r in keep]
+    return _make_pg(comm, members, parent._timeout, None, "shrunk", _local_name(parent, members))
 
 
 def get_group_rank(group: Any, global_rank: int) -> int:
@@ -669,9 +742,9 @@ def get_group_rank(group: Any, global_rank: int) -> int:
     pg = _as_pg(group, "get_group_rank")
     try:
         return pg._g2l[global_rank]
-    except KeyError:
+    except (KeyError, TypeError):  # TypeError: an unhashable global_rank
         raise ValueError(
-            f"global rank {global_rank} is not part of group {pg.group_name!r} (ranks {pg._ranks})"
+            f"global rank {global_rank!r} is not part of group {pg.group_name!r} (ranks {_brief(pg._ranks)})"
         ) from None
 
 
@@ -686,9 +759,9 @@ def get_global_rank(group: Any, group_rank: int) -> int:
         Its global rank.
     """
     pg = _as_pg(group, "get_global_rank")
-    if not isinstance(group_rank, int) or not 0 <= group_rank < pg.size():
+    if not isinstance(group_rank, (int, np.integer)) or not 0 <= group_rank < pg.size():
         raise ValueError(f"group_rank must be in 0..{pg.size() - 1} for group {pg.group_name!r}, got {group_rank!r}")
-    return pg._ranks[group_rank]
+    return pg._ranks[int(group_rank)]
 
 
 def get_process_group_ranks(group: Any) -> list[int]:
@@ -704,8 +777,9 @@ def get_process_group_ranks(group: Any) -> list[int]:
 
 
 def _as_pg(group: Any, what: str) -> ProcessGroup:
+    """``group`` (None: the default group); ValueError, without the non-member warning, on a non-member."""
     if group is GroupMember.NON_GROUP_MEMBER:
-        raise ValueError(f"{what}: this rank is not a member of the group")
+        raise ValueError(f"{what}: this rank is not a member of the group (it got GroupMember.NON_GROUP_MEMBER)")
     pg = resolve_group(group, what)
     assert pg is not None
     return pg
