@@ -38,7 +38,7 @@ from .group import ProcessGroup, group_rank, resolve_group
 from .ops import CACHE as _OP_CACHE
 from .ops import NUMBERS as _NUMBERS
 from .ops import RedOpType, resolve_op, supports_complex
-from .work import Work
+from .work import Work, finish_orphans, pending_orphans
 
 _ndarray = np.ndarray
 
@@ -872,6 +872,8 @@ def barrier(
         return None
     if timeout is not None and not isinstance(timeout, timedelta):
         raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+    if timeout is not None and timeout < timedelta(0):
+        raise ValueError(f"barrier: timeout must be >= 0 (0: the group's timeout), got {timeout!r}")
     if DETAIL[0]:
         check_collective(pg, f"barrier(){_async_part(pg, async_op or timeout is not None)}")
     fr = pg._flight
@@ -887,6 +889,8 @@ def barrier(
         return work
     if work is not None:
         work.wait(timeout)
+    if pending_orphans():  # as gloo's barrier waits for the group's earlier work: finish its dropped collectives
+        finish_orphans(pg)
     if entry is not None:
         entry[END] = True
     return None

@@ -11,7 +11,9 @@ sleeps (oversubscribed nodes), until the deadline, after which
 
 from __future__ import annotations
 
+import numbers
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -27,7 +29,11 @@ __all__ = [
     "ProbedRecv",
     "Work",
     "completed_work",
+    "finish_orphans",
     "mpi_failure",
+    "pending_orphans",
+    "reap_orphans",
+    "strand",
     "test_all",
     "timeout_error",
     "wait_requests",
@@ -35,6 +41,10 @@ __all__ = [
 
 _monotonic = time.monotonic
 _sleep = time.sleep
+_get_ident = threading.get_ident
+#: id(Work) -> ident of the thread testing its requests: MPI lets one thread at a time complete a request (MPICH
+#: fails with an internal error otherwise), so a Work waited by several threads is tested by one, awaited by the rest
+_TESTING: dict[int, int] = {}
 _SPIN_S = 0.002  # spin this long before yielding the CPU between tests
 _YIELD_S = 10.0  # then yield between tests this long, then sleep 1 ms between tests
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
@@ -221,11 +231,13 @@ class Work:
         self._status: Any = None  # an MPI.Status for receives (source_rank)
 
     def __del__(self) -> None:
-        if not self._done and self._reqs and self._exc is None:
-            _orphan(self._reqs, self._post, self._keep, self._timeout_s)
+        if not self._done and self._reqs:
+            if self._exc is None:
+                _orphan(self._reqs, self._post, self._keep, self._timeout_s, self._name)
+            elif not _all_done(self._reqs):  # timed out and still in flight: MPI may yet write its buffers
+                strand(self._reqs, self._keep)
 
     def _finish(self) -> None:
-        self._done = True
         post = self._post
         self._post = None
         try:
@@ -238,6 +250,7 @@ class Work:
         finally:
             self._keep = None
             self._reqs = ()
+            self._done = True  # after the finishing step: another thread's is_completed() means the result is there
         fut = self._future
         if fut is not None:
             fut._set(_as_list(self._result), self._exc)
@@ -256,17 +269,39 @@ class Work:
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block until complete; True. Raises DistTimeoutError after ``timeout``.
 
+        ``timeout``: a ``datetime.timedelta`` or a number of seconds; None or
+        zero (torch's ``timedelta(0)``): the group's timeout. A negative,
+        NaN or non-number timeout raises ValueError/TypeError before waiting.
         A Work that failed (timed out, or its request completed with an MPI
         error) stays failed: every later ``wait()`` raises the same error.
         """
+        limit = self._timeout_s if timeout is None else _wait_limit(timeout, self._timeout_s)
         if self._exc is not None:  # a cancelled receive must not run its finishing step (copy-back, source) later
             raise self._exc
         if self._done:
             return True
-        if timeout is None or timeout == timedelta(0):
-            limit = self._timeout_s
-        else:
-            limit = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        key, me = id(self), _get_ident()
+        if _TESTING.get(key) == me:  # again from inside this thread's own completion (a future's callback)
+            return self._wait_here(limit)
+        if _TESTING.setdefault(key, me) != me:
+            return self._wait_other(limit)
+        try:
+            return self._wait_here(limit)
+        finally:
+            del _TESTING[key]
+
+    def _wait_other(self, limit: float) -> bool:
+        """:meth:`wait` while another thread tests this Work's requests (MPI lets one thread complete a request):
+        until that thread finished it, then as :meth:`wait` again; DistTimeoutError after ``limit``."""
+        deadline = _monotonic() + limit
+        while id(self) in _TESTING:
+            if _monotonic() >= deadline:  # the other thread goes on waiting, for its own timeout
+                raise timeout_error(self._name, limit, cancelled=True)
+            _sleep(0.0002)
+        return self.wait(max(deadline - _monotonic(), 1e-9))
+
+    def _wait_here(self, limit: float) -> bool:
+        """:meth:`wait` by the thread that tests this Work's requests."""
         try:
             finished = not self._reqs or wait_requests(self._reqs, limit, self._status)
         except Exception as failed:  # MPI_Test reported a failed request (a message larger than the receive buffer)
@@ -280,6 +315,8 @@ class Work:
                 self._future._set(None, exc)
             raise exc
         self._finish()
+        if _ORPHANS:
+            reap_orphans()
         return True
 
     # -- composition (for engines and collectives; the fields above stay private) --------
@@ -392,9 +429,22 @@ class Work:
         self.wait()
 
     def is_completed(self) -> bool:
-        """Non-blocking: has the operation completed (successfully or not)?"""
+        """Non-blocking: has the operation completed (successfully or not)?
+
+        False while another thread tests its requests (in :meth:`wait`)."""
         if self._done or self._exc is not None:
             return True
+        key, me = id(self), _get_ident()
+        if _TESTING.get(key) == me:
+            return self._test_here()
+        if _TESTING.setdefault(key, me) != me:
+            return False
+        try:
+            return self._test_here()
+        finally:
+            del _TESTING[key]
+
+    def _test_here(self) -> bool:
         reqs = self._reqs
         try:
             ready = (
@@ -408,6 +458,8 @@ class Work:
                 self._finish()
             except BaseException:
                 pass
+            if _ORPHANS:
+                reap_orphans()
             return True
         return False
 
@@ -439,8 +491,8 @@ class Work:
         """A :class:`Future` completed with this work's result: the list of its output arrays (as torch)."""
         if self._future is None:
             self._future = Future(self)
-            if self._done:
-                self._future._set(_as_list(self._result), self._exc)
+            if self._done or self._exc is not None:  # completed, or failed for good (timed out, MPI error)
+                self._future._set(None if self._exc is not None else _as_list(self._result), self._exc)
         return self._future
 
     def __repr__(self) -> str:
@@ -450,27 +502,54 @@ class Work:
 
 # ---------------------------------------------------------------- dropped handles
 
-#: Operations whose Work was dropped before completing: (requests, finishing step, buffers, timeout), oldest first.
-_ORPHANS: deque[tuple[Sequence[Any], Callable[[], Any] | None, Any, float]] = deque()
+#: Operations whose Work was dropped before completing: (requests, finishing step, buffers, timeout, name), oldest
+#: first (``name``: the Work's, ``(opname, group)`` for the operations of a group).
+_ORPHANS: deque[tuple[Sequence[Any], Callable[[], Any] | None, Any, float, Any]] = deque()
 _ORPHAN_LOCK = threading.Lock()
 _MAX_ORPHANS = 1024  # beyond this many dropped operations in flight, the oldest are waited for (back-pressure)
+#: (requests, buffers) of dropped Works that timed out while in flight: a late peer may still make MPI write the
+#: buffers, so they are never freed (a timeout poisons the process: it ends at exit)
+_STRANDED: list[tuple[Sequence[Any], Any]] = []
+_P2P = ("send", "recv")  # the names of point-to-point Works: a barrier does not imply their peer came
 
 
-def _orphan(reqs: Sequence[Any], post: Callable[[], Any] | None, keep: Any, timeout_s: float) -> None:
+def strand(reqs: Sequence[Any], keep: Any) -> None:
+    """Keep the requests and buffers of an operation that timed out in flight, for good.
+
+    A late peer may still make MPI write (or read) the buffers: freeing them
+    would let MPI corrupt memory reused since, or send garbage to the peer.
+    A timeout poisons the process (:mod:`hpcdist._exit`), so this lasts
+    until its end.
+    """
+    _STRANDED.append((reqs, keep))
+
+
+def _orphan(reqs: Sequence[Any], post: Callable[[], Any] | None, keep: Any, timeout_s: float, name: Any) -> None:
     """Adopt the requests of a dropped Work: they complete (and are released) in the background.
 
     Letting mpi4py free an active request leaks it in MPICH until it
     completes, is erroneous for a non-blocking collective, and frees buffers
-    MPI may still write. hpcdist keeps them, finishes them (copy-back, AVG
+    MPI may still write. hpcdist keeps them and finishes them (copy-back, AVG
     scaling) as they complete -- tested oldest first whenever another Work is
-    dropped -- and waits for the oldest when more than ``_MAX_ORPHANS`` are in
-    flight, so a loop of fire-and-forget ``isend``s runs in bounded memory.
+    dropped, waited or completes (:func:`reap_orphans`), and every one of a
+    group's collectives at its barrier (:func:`finish_orphans`) -- and waits
+    for the oldest when more than ``_MAX_ORPHANS`` are in flight, so a loop of
+    fire-and-forget ``isend``s runs in bounded memory.
     """
-    if not _ORPHAN_LOCK.acquire(False):  # a collection inside reaping, in this thread: keep it for the next time
-        _ORPHANS.append((reqs, post, keep, timeout_s))
+    _ORPHANS.append((reqs, post, keep, timeout_s, name))
+    reap_orphans()
+
+
+def reap_orphans() -> None:
+    """Finish the dropped operations that completed, oldest first, up to the first one still in flight.
+
+    Beyond ``_MAX_ORPHANS`` in flight, the oldest is waited for (its
+    timeout). Returns at once when called again from inside (a Work
+    collected while a finishing step runs is kept for the next time).
+    """
+    if not _ORPHAN_LOCK.acquire(False):
         return
     try:
-        _ORPHANS.append((reqs, post, keep, timeout_s))
         _reap()
     finally:
         _ORPHAN_LOCK.release()
@@ -483,16 +562,68 @@ def _reap() -> None:
         _ORPHANS.clear()
         return
     while _ORPHANS:
-        reqs, post, _keep, timeout_s = _ORPHANS[0]
-        done = test_all(list(reqs))
+        reqs, post, _keep, timeout_s, _name = _ORPHANS[0]
+        done = _all_done(reqs)
         if not done and (len(_ORPHANS) <= _MAX_ORPHANS or not wait_requests(reqs, timeout_s)):
             return  # the oldest is still in flight (and within the bound, or its peer is gone)
         _ORPHANS.popleft()
-        if post is not None:
-            try:
-                post()
-            except Exception:  # nobody is left to receive the error of a dropped operation
-                pass
+        _run_post(post)
+
+
+def finish_orphans(group: Any = None) -> None:
+    """Wait for ``group``'s dropped collectives and finish them (copy-back, AVG scaling); then :func:`reap_orphans`.
+
+    ``group``: a ProcessGroup; None: the default group. For a barrier of ``group`` to call once it completed (gloo's barrier
+    waits for the group's earlier work): every rank then started every
+    earlier collective of the group, so these complete promptly. Waits at
+    most each operation's timeout (then DistTimeoutError names it).
+    Point-to-point operations are not waited for (a barrier says nothing of
+    their peer), only finished if they completed.
+    """
+    if not _ORPHANS:
+        return
+    if group is None:
+        from ._world import WORLD
+
+        group = WORLD.default_pg
+    if not _ORPHAN_LOCK.acquire(False):  # called from a finishing step (or a callback) while reaping
+        return
+    try:
+        mine = [o for o in _ORPHANS if _group_of(o[4]) is group and _opname(o[4]) not in _P2P]
+        for orphan in mine:
+            reqs, post, _keep, timeout_s, name = orphan
+            _ORPHANS.remove(orphan)
+            if not _all_done(reqs) and not wait_requests(reqs, timeout_s):
+                strand(reqs, _keep)
+                raise timeout_error(name, timeout_s)
+            _run_post(post)
+        _reap()
+    finally:
+        _ORPHAN_LOCK.release()
+
+
+def _run_post(post: Callable[[], Any] | None) -> None:
+    if post is not None:
+        try:
+            post()
+        except Exception:  # nobody is left to receive the error of a dropped operation
+            pass
+
+
+def _all_done(reqs: Sequence[Any]) -> bool:
+    """Whether every request completed (a failed request counts: nobody is left to receive its error)."""
+    try:
+        return test_all(list(reqs))
+    except Exception:
+        return True
+
+
+def _group_of(name: Any) -> Any:
+    return name[1] if isinstance(name, tuple) and len(name) == 2 else None
+
+
+def _opname(name: Any) -> Any:
+    return name[0] if isinstance(name, tuple) and name else name
 
 
 def pending_orphans() -> int:
@@ -504,6 +635,29 @@ def _as_list(res: Any) -> list[Any]:
     if res is None:
         return []
     return list(res) if isinstance(res, (list, tuple)) else [res]
+
+
+def _wait_limit(timeout: Any, default: float) -> float:
+    """The seconds ``Work.wait(timeout)`` waits: ``default`` for zero (torch's ``timedelta(0)``: no timeout given).
+
+    TypeError for anything but a ``timedelta`` or a real number, ValueError
+    for a negative or NaN one, before anything waits.
+    """
+    if isinstance(timeout, timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, numbers.Real) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise TypeError(
+            f"Work.wait: timeout must be a datetime.timedelta or a number of seconds, got {type(timeout).__name__} "
+            f"({timeout!r:.60})"
+        )
+    if not seconds >= 0:  # NaN too
+        raise ValueError(
+            f"Work.wait: timeout must be >= 0 (0: the group's timeout), got {timeout!r}; use is_completed() to test "
+            "without waiting"
+        )
+    return seconds if seconds > 0 else default
 
 
 def completed_work(name: Any, result: Any = None) -> Work:
@@ -531,7 +685,7 @@ class Future:
         self._value, self._exc, self._done = value, exc, True
         callbacks, self._callbacks = self._callbacks, []
         for cb in callbacks:
-            cb(self)
+            _run_callback(cb, self)
 
     def set_result(self, value: Any) -> None:
         if self._done:
@@ -557,6 +711,8 @@ class Future:
                 self._work.wait()
             except BaseException as exc:
                 self._set(None, exc)
+            if not self._done:  # pragma: no cover - a completed Work completes its futures
+                raise DistError("Future.wait: the work completed but this future was not completed")
         if self._exc is not None:
             raise self._exc
         return self._value
@@ -586,7 +742,22 @@ class Future:
         return child
 
     def add_done_callback(self, callback: Callable[[Future], None]) -> None:
+        """Run ``callback(self)`` once done (now if done). An error it raises is printed and ignored (as torch)."""
         if self._done:
-            callback(self)
+            _run_callback(callback, self)
         else:
             self._callbacks.append(callback)
+
+
+def _run_callback(callback: Callable[[Future], Any], fut: Future) -> None:
+    """``callback(fut)``; an error is printed to stderr and dropped, as torch does (the operation itself succeeded,
+    and the other callbacks, ``then`` children included, still run)."""
+    try:
+        callback(fut)
+    except Exception:
+        import traceback
+
+        sys.stderr.write(
+            f"hpcdist: a Future's done callback {callback!r} raised (ignored; use Future.then to get the error):\n"
+            + traceback.format_exc()
+        )

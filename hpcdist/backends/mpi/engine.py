@@ -25,7 +25,7 @@ from ...buffers.packing import pack as _pack
 from ...buffers.packing import unpack as _unpack
 from ...buffers.reduction import finish_reduce, premultiply, prepare, widen
 from ...ops import ResolvedOp
-from ...work import ProbedRecv, Work, timeout_error, wait_requests
+from ...work import ProbedRecv, Work, strand, timeout_error, wait_requests
 from ..engine import Engine
 
 __all__ = ["MPIEngine"]
@@ -159,6 +159,7 @@ class MPIEngine(Engine):
         def poll(*args: Any) -> None:
             req = start(*args)
             if not req.Test() and not wait_requests([req], pg._timeout_s):
+                strand([req], args)  # a late peer may still make MPI use the buffers: keep them
                 raise timeout_error((name, pg), pg._timeout_s)
 
         return poll, None
