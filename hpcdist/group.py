@@ -196,7 +196,12 @@ class ProcessGroup:
         destroy_group(self)
 
     def __repr__(self) -> str:
-        return f"<ProcessGroup {self.group_name!r} rank {self._rank}/{self._size} backend={self._backend_str}>"
+        ranks = self._ranks
+        members = ""  # which ranks a subgroup holds (timeout and mismatch errors name the group so)
+        if self is not _WORLD.default_pg:
+            shown = ", ".join(map(str, ranks[:8])) + (f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else "")
+            members = f" global ranks [{shown}]"
+        return f"<ProcessGroup {self.group_name!r} rank {self._rank}/{self._size}{members} backend={self._backend_str}>"
 
 
 #: the call domain of every group when MPI allows one thread in MPI at a time

@@ -318,3 +318,21 @@ def test_splitting_a_group_this_rank_is_not_in_raises_without_the_does_nothing_w
     if me() == 0:
         dist.destroy_process_group(g)
     assert every == [[]] * n()
+
+
+def test_a_subgroups_errors_name_its_global_ranks():
+    """Timeout and mismatch errors name a group by its repr: a subgroup's said only "rank 0/2", not which ranks."""
+    from hpcdist.work import timeout_error
+
+    world = n()
+    members = list(range(world - 1, -1, -2))  # every other rank from the last: group rank order != global order
+    g = dist.new_group(members, sort_ranks=False)
+    w = dist.group.WORLD
+    assert repr(w) == f"<ProcessGroup 'default_pg' rank {me()}/{world} backend=mpi>"
+    if g is dist.GroupMember.NON_GROUP_MEMBER:
+        return
+    text = repr(g)
+    assert f"rank {members.index(me())}/{len(members)} global ranks [{', '.join(map(str, members))}]" in text, text
+    err = str(timeout_error(("all_reduce", g), 1.0, cancelled=True))  # cancelled: nothing is left in flight
+    assert f"global ranks [{', '.join(map(str, members))}]" in err, err
+    dist.destroy_process_group(g)
