@@ -25,7 +25,7 @@ import numpy as np
 from ._exit import poison
 from ._watchdog import WATCHDOG
 from .errors import DistTimeoutError
-from .work import wait_requests
+from .work import strand, wait_requests
 
 __all__ = [
     "INIT_HINT",
@@ -53,6 +53,7 @@ def wait_or_raise(comm: Any, reqs: list[Any], timeout_s: float, what: str, hint:
     """Poll ``reqs`` for ``timeout_s``; DistTimeoutError naming ``what`` and this rank otherwise (and poison)."""
     if wait_requests(reqs, timeout_s):
         return
+    strand(reqs, None)  # a late peer may still make MPI use their buffers (the requests hold them): keep them
     _give_up(f"{what}: not every rank arrived within {timeout_s:g}s ({_rank_note(comm)}); {hint}")
 
 
@@ -137,6 +138,7 @@ def timed_members_barrier(comm: Any, members: list[int], timeout_s: float, what:
     sreq, rreq = comm.Isend(token, lead, tag), comm.Irecv(release, lead, tag)
     if not wait_requests([sreq, rreq], timeout_s):
         _cancel([rreq])
+        strand([sreq], None)  # the token may still go to a late lead: keep its request (and buffer)
         _give_up(
             f"{what}: rank {lead} (the first of {members}) did not release this rank within {timeout_s:g}s "
             f"({_rank_note(comm)}): not every member arrived; {hint}"

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DistError
-from ..work import timeout_error, wait_requests
+from ..work import strand, timeout_error, wait_requests
 
 __all__ = ["check_collective", "check_traffic"]
 
@@ -28,7 +28,9 @@ def check_collective(pg: Any, desc: str) -> None:
     """
     mine = np.array([zlib.crc32(desc.encode())], dtype=np.int64)
     table = np.empty(pg._size, dtype=np.int64)
-    if not wait_requests([pg._comm.Iallgather(mine, table)], pg._timeout_s):
+    req = pg._comm.Iallgather(mine, table)
+    if not wait_requests([req], pg._timeout_s):
+        strand([req], (mine, table))
         raise timeout_error((f"{desc} (debug DETAIL fingerprint check)", pg), pg._timeout_s)
     if (table == mine[0]).all():
         return
@@ -57,12 +59,16 @@ def check_traffic(pg: Any, desc: str, sends: Sequence[Any], recvs: Sequence[Any]
     if mine.shape != want.shape:
         raise ValueError(f"check_traffic: sends {mine.shape} and recvs {want.shape} differ in shape")
     what = f"{desc} (debug DETAIL size check)"
-    if not wait_requests([pg._comm.Ialltoall(mine, got)], pg._timeout_s):
+    req = pg._comm.Ialltoall(mine, got)
+    if not wait_requests([req], pg._timeout_s):
+        strand([req], (mine, got))
         raise timeout_error((what, pg), pg._timeout_s)
     bad = np.argwhere(got != want)
     flag = np.array([len(bad)], dtype=np.int64)
     anywhere = np.empty(1, dtype=np.int64)
-    if not wait_requests([pg._comm.Iallreduce(flag, anywhere, MPI.MAX)], pg._timeout_s):
+    req = pg._comm.Iallreduce(flag, anywhere, MPI.MAX)
+    if not wait_requests([req], pg._timeout_s):
+        strand([req], (flag, anywhere))
         raise timeout_error((what, pg), pg._timeout_s)
     if anywhere[0] == 0:
         return

@@ -91,3 +91,36 @@ else:
     assert not r.timed_out, r.output
     assert "TIMEOUT all_reduce" in r.stdout, r.output
     assert "PEER RESULT [3. 3.] True" in r.stdout, r.output
+
+
+def test_a_detail_check_that_timed_out_keeps_its_requests_for_the_late_peer(tmp_path):
+    """DETAIL's fingerprint exchange (and init's and group creation's polled steps) dropped their in-flight requests
+    on a timeout, so mpi4py freed them and the buffers they hold; the late peer's message then landed in freed
+    memory. They are kept now, as a timed-out Work's are."""
+    script = (
+        PRELUDE
+        + """
+import hpcdist.work as work
+dist.init_process_group("mpi", timeout=timedelta(seconds=30))
+g = dist.new_group([0, 1], timeout=timedelta(seconds=1))
+dist.set_debug_level(dist.DebugLevel.DETAIL)
+if dist.get_rank() == 0:
+    before = len(work._STRANDED)
+    try:
+        dist.all_reduce(np.ones(4), group=g)
+    except dist.DistTimeoutError as e:
+        say("TIMEOUT", e)
+    gc.collect()
+    say("STRANDED", len(work._STRANDED) - before)
+    time.sleep(4)  # the late peer's fingerprint lands in the kept buffer; its all_reduce then times out: the job ends
+else:
+    time.sleep(2)
+    dist.all_reduce(np.ones(4), group=g)   # completes the fingerprint exchange; rank 0 never reduces
+"""
+    )
+    r = run_mpi(2, script, tmp_path, limit=90)
+    assert not r.timed_out, r.output
+    assert "debug DETAIL fingerprint check" in r.stdout, r.output
+    assert "STRANDED 1" in r.stdout, r.output
+    assert "corrupted" not in r.output and "Segmentation" not in r.output, r.output
+    assert r.returncode == 124, r.output  # the timeout poisoned rank 0: the job ends with MPI_Abort(124) at exit
