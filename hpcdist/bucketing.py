@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,12 +94,23 @@ def bucket_views(
     Returns:
         ``(flat, views)``: the zero-filled C-contiguous buffer and the views, ``views[i].shape == shapes[i]``.
     """
-    dims = [(s,) if isinstance(s, int) else tuple(s) for s in shapes]
-    sizes = [int(np.prod(d, dtype=np.int64)) for d in dims]
-    if any(n < 0 for n in sizes):
+    try:
+        if isinstance(shapes, (str, bytes)):
+            raise TypeError
+        listed = list(shapes)
+    except TypeError:
+        raise TypeError(f"shapes must be a list of shapes (ints or tuples of ints), got {shapes!r}") from None
+    dims = [_shape(s, i) for i, s in enumerate(listed)]
+    if any(d < 0 for dim in dims for d in dim):
         raise ValueError(f"shapes must have no negative dimension, got {shapes!r}")
+    sizes = [math.prod(d) for d in dims]
     from .symmetric_memory import empty
 
+    if not symmetric:  # (symmetric memory checks its dtype itself, on every rank)
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError as e:
+            raise TypeError(f"dtype must be a NumPy dtype (numpy.float32, 'float64', ...), got {dtype!r}") from e
     flat = empty(sum(sizes), dtype=dtype, group=group) if symmetric else np.zeros(sum(sizes), dtype=dtype)
     if flat is None:  # symmetric, and this rank is not in group
         raise ValueError("bucket_views(symmetric=True): this rank is not a member of group")
@@ -107,6 +119,18 @@ def bucket_views(
         views.append(flat[at : at + n].reshape(d))
         at += n
     return flat, views
+
+
+def _shape(shape: Any, i: int) -> tuple[int, ...]:
+    """``shapes[i]`` of :func:`bucket_views` as a tuple of ints (an integer: a 1-D length), else TypeError."""
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        return (int(shape),)
+    try:
+        if isinstance(shape, (str, bytes)):
+            raise TypeError
+        return tuple(operator.index(d) for d in shape)
+    except TypeError:
+        raise TypeError(f"shapes[{i}] must be an int or a tuple of ints, got {shape!r}") from None
 
 
 def _check_cap(cap: Any, argname: str, unit: str) -> float:

@@ -125,9 +125,7 @@ def broadcast(seg: Segment, rd: Reader, arr: np.ndarray, root: int) -> None:
 
 def all_gather(seg: Segment, rd: Reader, src: np.ndarray, outs: list[np.ndarray]) -> None:
     """Every rank's ``src`` (equal sizes) into ``outs[r]`` on every rank. Two syncs."""
-    me = seg.rank
-    if any(np.may_share_memory(src, o) for r, o in enumerate(outs) if r != me):
-        src = src.copy()  # the peers read src while this rank writes outs: keep what they read apart
+    me = seg.rank  # (src is outs[me] or apart from every output, outs apart from each other: the engine's care)
     addrs = _post(seg, [src.ctypes.data])
     if not np.may_share_memory(src, outs[me]):
         np.copyto(outs[me], src)
@@ -141,15 +139,11 @@ def reduce_scatter(
 ) -> None:
     """Reduce ``ins[r]`` (one per rank, equal sizes) over the ranks into ``dst`` on rank ``r``. Two syncs.
 
-    ``dst`` may be ``ins[rank]`` (the peers never read it); where it overlaps
-    another row it is computed aside and copied in after the last sync.
+    ``dst`` may be ``ins[rank]`` (the peers never read it), else it shares no memory with ``ins`` (the engine
+    computes such an output aside).
     """
     me = seg.rank
     posted = _post(seg, [a.ctypes.data for a in ins])
-    aside = any(np.may_share_memory(dst, a) for r, a in enumerate(ins) if r != me)
-    out = np.empty_like(dst) if aside else dst
     if dst.size:
-        _reduce_from(seg, rd, [p[me] for p in posted], ins[me], out, mpi_op, average)
+        _reduce_from(seg, rd, [p[me] for p in posted], ins[me], dst, mpi_op, average)
     seg.sync()  # every peer has read this rank's rows
-    if aside:
-        np.copyto(dst, out)

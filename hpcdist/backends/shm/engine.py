@@ -35,7 +35,10 @@ group's segment is unusable afterwards.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
+
+import numpy as np
 
 from ... import config
 from ..._world import WORLD
@@ -64,6 +67,22 @@ def _converts(rop: ResolvedOp, half: str | None) -> bool:
     """Whether a reduction converts items on the way in (half floats widened, PREMUL_SUM multiplied), which only
     the segment's algorithms do: direct reads and symmetric memory then take the segment."""
     return half is not None or rop.premul is not None
+
+
+def _tangled(arrays: list[np.ndarray]) -> bool:
+    """Whether any two of ``arrays`` (flat, C-contiguous, of one size, not empty) share memory."""
+    nbytes = arrays[0].nbytes
+    starts = sorted(a.__array_interface__["data"][0] for a in arrays)
+    return any(b - a < nbytes for a, b in pairwise(starts))
+
+
+def _meets(arr: np.ndarray, arrays: list[np.ndarray], own: int) -> bool:
+    """Whether ``arr`` shares memory with one of ``arrays`` (flat, C-contiguous, ``arr``'s size) other than by being
+    ``arrays[own]`` exactly (the in-place forms, which the algorithms handle)."""
+    for i, a in enumerate(arrays):
+        if np.may_share_memory(arr, a) and (i != own or arr.ctypes.data != a.ctypes.data):
+            return True
+    return False
 
 
 def host_engine(pg: Any, device_type: str = "cpu") -> MPIEngine:
@@ -261,13 +280,20 @@ class ShmEngine(MPIEngine):
     def all_gather(self, outs: list[Buf], inp: Buf, sync: bool = False) -> Work | None:
         size = inp.arr.size
         even = all(o.arr.size == size for o in outs)  # the same on every rank: outs[r] has rank r's size
-        # one array in several slots: the segment's staggered reads would leave each rank a different slot's
-        # data in it; MPI's path unpacks in rank order (the last slot wins on every rank, as gloo)
-        distinct = len({id(o.obj) for o in outs}) == len(outs)
-        seg = self._use("all_gather", inp.arr.nbytes * len(outs)) if even and distinct else None
+        seg = self._use("all_gather", inp.arr.nbytes * len(outs)) if even else None  # sizes alone decide the path
         if seg is None:
             return super().all_gather(outs, inp, sync)
-        self._all_gather(seg, inp.arr.reshape(-1), [o.arr.reshape(-1) for o in outs])
+        src, dsts = inp.arr.reshape(-1), [o.arr.reshape(-1) for o in outs]
+        if _tangled(dsts) or _meets(src, dsts, seg.rank):
+            # outputs sharing memory (one array in several slots, overlapping views), or an input over other
+            # outputs: the staggered reads would leave each rank other data (or read input already written
+            # over); gathered aside, then copied out in rank order as MPI's path does (the last slot wins everywhere)
+            aside = np.empty((len(dsts), size), src.dtype)
+            self._all_gather(seg, src, list(aside))
+            for d, a in zip(dsts, aside):
+                np.copyto(d, a)
+        else:
+            self._all_gather(seg, src, dsts)
         return self._done(sync, "all_gather", [o.obj for o in outs], *outs)
 
     def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work | None:
@@ -291,7 +317,13 @@ class ShmEngine(MPIEngine):
         if seg is None:
             return super().reduce_scatter(out, ins, rop, sync)
         half = out.dtype if out.dtype in HALF_DTYPES else None
-        self._reduce_scatter(seg, [b.arr.reshape(-1) for b in ins], out.arr.reshape(-1), rop, half)
+        srcs, dst = [b.arr.reshape(-1) for b in ins], out.arr.reshape(-1)
+        if _meets(dst, srcs, seg.rank):  # an output over inputs (but its own) would be read after written: aside
+            res = np.empty_like(dst)
+            self._reduce_scatter(seg, srcs, res, rop, half)
+            np.copyto(dst, res)
+        else:
+            self._reduce_scatter(seg, srcs, dst, rop, half)
         return self._done(sync, "reduce_scatter", out.obj, out)
 
     def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
