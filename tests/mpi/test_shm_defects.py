@@ -153,3 +153,38 @@ def test_bucket_views_take_numpy_integers_as_lengths():
     assert [v.shape for v in views] == [(3,), (2, 2)]
     views[1][...] = 5.0
     assert np.array_equal(flat, [0, 0, 0, 5, 5, 5, 5])
+
+
+_KIND_CASES = {  # what the last rank passes instead (as many bytes): the error names both
+    "dtype": (lambda a: a.view(np.int64), {}, "all_reduce of 320 bytes (float64, SUM)", "(int64, SUM)"),
+    "op": (lambda a: a, {"op": dist.ReduceOp.MAX}, "all_reduce of 320 bytes (float64, SUM)", "(float64, MAX)"),
+}
+
+
+@pytest.mark.parametrize("case", list(_KIND_CASES))
+def test_as_many_bytes_of_another_dtype_or_op_raise_on_every_rank(case):
+    """The segment's tag held the op and the size only: float64 on some ranks and int64 on another (or SUM and
+    MAX) mixed into a wrong result with no error. Now every rank raises DistError naming both calls."""
+    from hpcdist.debug import DebugLevel, get_debug_level, set_debug_level
+
+    n = dist.get_world_size()
+    if n < 2:
+        pytest.skip("needs 2 or more ranks")
+    with knobs_set({"HPCDIST_SHM": "1", "HPCDIST_SHM_SLOT": str(SLOT)}):
+        g = dist.new_group()
+        assert isinstance(g.engine("cpu"), ShmEngine)
+    twist, kwargs, mine, theirs = _KIND_CASES[case]
+    x = np.arange(M, dtype=np.float64) + me()
+    before = get_debug_level()
+    set_debug_level(DebugLevel.OFF)  # the segment's own check, not DETAIL's
+    try:
+        with pytest.raises(dist.DistError, match="called different collectives") as info:
+            if me() == n - 1:
+                dist.all_reduce(twist(x), group=g, **kwargs)
+            else:
+                dist.all_reduce(x, group=g)
+    finally:
+        set_debug_level(before)
+        dist.destroy_process_group(g)
+    text = str(info.value)
+    assert mine in text and theirs in text, text

@@ -45,7 +45,7 @@ from ..._world import WORLD
 from ...buffers.adapters import Buf, apart
 from ...buffers.dtypes import HALF_DTYPES
 from ...errors import DistTimeoutError, describe_op
-from ...ops import ResolvedOp
+from ...ops import RedOpType, ResolvedOp
 from ...work import Work, completed_work
 from ..mpi import MPIEngine
 from . import algorithms as alg
@@ -57,6 +57,13 @@ __all__ = ["ShmEngine", "host_engine", "oversubscribed_node", "shm_eligible", "s
 
 #: an operation's code in the segment's tags (Segment.begin): its place in the table's list, from 1
 _OP_CODE = {op: i + 1 for i, op in enumerate(table.OPS)}
+#: the dtypes a segment tag names (code: index + 1; 0: another), so ranks that pass as many bytes of different
+#: dtypes, or reduce them with different ops, raise as ranks with different sizes do (Segment.begin)
+_TAG_DTYPES = (
+    "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+)  # fmt: skip
+_TAG_DTYPE = {d: i + 1 for i, d in enumerate(_TAG_DTYPES)}
 #: the codes of the operations on symmetric memory (:mod:`.symmetric`), after those
 _SYM_CODE = {op: len(table.OPS) + i + 1 for i, op in enumerate(symmetric.OPS)}
 #: every code's name, for the segment's mismatch errors
@@ -67,6 +74,23 @@ def _converts(rop: ResolvedOp, half: str | None) -> bool:
     """Whether a reduction converts items on the way in (half floats widened, PREMUL_SUM multiplied), which only
     the segment's algorithms do: direct reads and symmetric memory then take the segment."""
     return half is not None or rop.premul is not None
+
+
+def _kind(dtype: str, rop: ResolvedOp | None = None) -> int:
+    """The dtype and reduction op of an operation, for its segment tag (above the op code's byte)."""
+    return (_TAG_DTYPE.get(dtype, 0) | (0 if rop is None else (int(rop.kind) + 1) << 5)) << 8
+
+
+def _kind_name(kind: int) -> str:
+    """What :func:`_kind` encoded (shifted down), in words: ``"float64, SUM"``."""
+    dtype, op = kind & 31, kind >> 5
+    words = [_TAG_DTYPES[dtype - 1] if 0 < dtype <= len(_TAG_DTYPES) else "another dtype"]
+    if op:
+        try:
+            words.append(RedOpType(op - 1).name)
+        except ValueError:
+            words.append(f"reduction {op - 1}")
+    return ", ".join(words)
 
 
 def _tangled(arrays: list[np.ndarray]) -> bool:
@@ -149,11 +173,11 @@ class ShmEngine(MPIEngine):
         lo, hi = self.windows.get(op, table.NEVER)
         return "shm" if lo <= nbytes < hi and self._seg is not False else "mpi"
 
-    def _use(self, op: str, nbytes: int) -> Segment | None:
+    def _use(self, op: str, nbytes: int, kind: int = 0) -> Segment | None:
         lo, hi = self.windows[op]
         if not lo <= nbytes < hi or (nbytes == 0 and op != "barrier"):  # empty: nothing to move, and every
             return None  # operation begun on the segment must sync (Segment.begin): MPI's zero-count call
-        return self._segment(op, nbytes)
+        return self._segment(op, nbytes, kind=kind)
 
     def _symmetric(self, op: str, arr: Any, nbytes: int) -> tuple[Segment, symmetric.Allocation, int] | None:
         """Where ``arr`` lies, when it is symmetric memory of this group and ``op`` on ``nbytes`` takes shared
@@ -167,7 +191,7 @@ class ShmEngine(MPIEngine):
         seg = self._segment(op, nbytes, _SYM_CODE[op])
         return None if seg is None else (seg, found[0], found[1])
 
-    def _segment(self, op: str, nbytes: int, code: int = 0) -> Segment | None:
+    def _segment(self, op: str, nbytes: int, code: int = 0, kind: int = 0) -> Segment | None:
         """The group's segment (set up by the first call: collective), or None when the group spans nodes.
 
         The operation ``op`` of ``nbytes`` (0: sizes may differ by rank) is begun on it, as ``code`` (default:
@@ -190,7 +214,7 @@ class ShmEngine(MPIEngine):
         assert isinstance(seg, Segment)
         seg.what = (op, self.pg)
         seg.timeout_s = self.pg._timeout_s
-        seg.begin(code or _OP_CODE[op], nbytes)
+        seg.begin((code or _OP_CODE[op]) | kind, nbytes)
         return seg
 
     def _setup(self, op: str) -> Segment | bool:
@@ -199,6 +223,7 @@ class ShmEngine(MPIEngine):
         if not one_node(pg):
             return False
         seg = Segment(pg._comm, self.slot_bytes, pg._timeout_s, (op, pg), _OP_NAMES)
+        seg.kind_name = _kind_name
         self._rd = cma.probe(seg, self.direct_allowed)
         return seg
 
@@ -231,7 +256,7 @@ class ShmEngine(MPIEngine):
         if sym is not None:
             symmetric.broadcast(sym[0], sym[1], buf.arr.reshape(-1), sym[2], root)
             return self._done(sync, "broadcast", buf.obj)
-        seg = self._use("broadcast", buf.arr.nbytes)
+        seg = self._use("broadcast", buf.arr.nbytes, _kind(buf.dtype))
         if seg is None:
             return super().broadcast(buf, root, sync)
         if self._rd is not None:
@@ -250,7 +275,7 @@ class ShmEngine(MPIEngine):
         if sym is not None:
             symmetric.all_reduce(sym[0], sym[1], flat, sym[2], rop.mpi_name, rop.average)
             return self._done(sync, "all_reduce", buf.obj)
-        seg = self._use("all_reduce", nbytes)
+        seg = self._use("all_reduce", nbytes, _kind(buf.dtype, rop))
         if seg is None:
             return MPIEngine._all_reduce(self, buf, rop, sync)
         rd = self._reader(rop, half)
@@ -261,14 +286,14 @@ class ShmEngine(MPIEngine):
         return self._done(sync, "all_reduce", buf.obj, buf)
 
     def host_all_reduce_many(self, arrays: list[Any], dtype: str, rop: ResolvedOp, nbytes: int) -> None:
-        seg = self._use("all_reduce", nbytes) if dtype not in HALF_DTYPES else None
+        seg = self._use("all_reduce", nbytes, _kind(dtype, rop)) if dtype not in HALF_DTYPES else None
         if seg is None:
             super().host_all_reduce_many(arrays, dtype, rop, nbytes)
             return
         alg.all_reduce_list(seg, arrays, rop.mpi_name, rop.premul, rop.average)
 
     def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work | None:
-        seg = self._use("reduce", buf.arr.nbytes)
+        seg = self._use("reduce", buf.arr.nbytes, _kind(buf.dtype, rop))
         if seg is None:
             return super().reduce(buf, root, rop, sync)
         flat = buf.arr.reshape(-1)
@@ -280,7 +305,9 @@ class ShmEngine(MPIEngine):
     def all_gather(self, outs: list[Buf], inp: Buf, sync: bool = False) -> Work | None:
         size = inp.arr.size
         even = all(o.arr.size == size for o in outs)  # the same on every rank: outs[r] has rank r's size
-        seg = self._use("all_gather", inp.arr.nbytes * len(outs)) if even else None  # sizes alone decide the path
+        seg = (
+            self._use("all_gather", inp.arr.nbytes * len(outs), _kind(inp.dtype)) if even else None
+        )  # sizes alone decide the path
         if seg is None:
             return super().all_gather(outs, inp, sync)
         src, dsts = inp.arr.reshape(-1), [o.arr.reshape(-1) for o in outs]
@@ -302,7 +329,7 @@ class ShmEngine(MPIEngine):
             rows = out.arr.reshape(sym[0].size, out.arr.size // sym[0].size)
             symmetric.all_gather(sym[0], sym[1], inp.arr.reshape(-1), sym[2], list(rows))
             return self._done(sync, "all_gather_into_tensor", out.obj, out)
-        seg = self._use("all_gather_into_tensor", out.arr.nbytes)
+        seg = self._use("all_gather_into_tensor", out.arr.nbytes, _kind(out.dtype))
         if seg is None:
             return super().all_gather_into(out, inp, sync)
         rows = out.arr.reshape(seg.size, out.arr.size // seg.size)
@@ -313,7 +340,7 @@ class ShmEngine(MPIEngine):
     def reduce_scatter(self, out: Buf, ins: list[Buf], rop: ResolvedOp, sync: bool = False) -> Work | None:
         size = out.arr.size
         even = all(b.arr.size == size for b in ins)  # the same on every rank: ins[r] has rank r's output size
-        seg = self._use("reduce_scatter", out.arr.nbytes * len(ins)) if even else None
+        seg = self._use("reduce_scatter", out.arr.nbytes * len(ins), _kind(out.dtype, rop)) if even else None
         if seg is None:
             return super().reduce_scatter(out, ins, rop, sync)
         half = out.dtype if out.dtype in HALF_DTYPES else None
@@ -334,7 +361,7 @@ class ShmEngine(MPIEngine):
             flat = inp.arr.reshape(-1)
             symmetric.reduce_scatter(sym[0], sym[1], flat, sym[2], out.arr.reshape(-1), rop.mpi_name, rop.average)
             return self._done(sync, "reduce_scatter_tensor", out.obj, out)
-        seg = self._use("reduce_scatter_tensor", nbytes)
+        seg = self._use("reduce_scatter_tensor", nbytes, _kind(out.dtype, rop))
         if seg is None:
             return super().reduce_scatter_tensor(out, inp, rop, sync)
         inp = apart(inp, out, (False, seg.rank))  # an output over other input rows would be read after written
@@ -365,7 +392,7 @@ class ShmEngine(MPIEngine):
     ) -> Work | None:
         window = self.windows["all_to_all_single"]
         # the sizes may differ per rank: alg.all_to_all shares the counts first, then every rank decides alike
-        seg = self._segment("all_to_all_single", 0) if window[0] < window[1] else None
+        seg = self._segment("all_to_all_single", 0, kind=_kind(out.dtype)) if window[0] < window[1] else None
         if seg is None:
             return super().all_to_all_single(out, inp, rcounts, scounts, sync)
         src = apart(inp, out).arr.reshape(-1)  # overlapping arrays (or the same one): read from a copy

@@ -57,6 +57,7 @@ import os
 import platform
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -202,6 +203,7 @@ class Segment:
         self._fence = self._fence_win.Sync if self._fence_win is not None else _nothing
         self.step = 0
         self.op_names = op_names  # op code - 1 -> name, for mismatch errors (begin)
+        self.kind_name: Callable[[int], str] = str  # a tag's kind (begin's op >> 8: dtype, reduction) -> words
         self.seq = 0  # operations begun on this segment
         self._tag: tuple[int, int, int] | None = None  # the begun operation's, until its first sync checks it
 
@@ -249,8 +251,9 @@ class Segment:
     # -- synchronization ------------------------------------------------------
 
     def begin(self, op: int, nbytes: int) -> None:
-        """Tag the operation this rank starts on the segment: ``op`` (a code >= 1) and its size (0: sizes may
-        differ by rank); the first :meth:`sync` after it checks that every rank started the same one.
+        """Tag the operation this rank starts on the segment: ``op`` (a code >= 1 in its low byte, the kind
+        above: dtype and reduction, named by :attr:`kind_name`) and its size (0: sizes may differ by rank);
+        the first :meth:`sync` after it checks that every rank started the same one.
 
         The counters alone cannot tell operations apart: ranks that call different collectives would pass
         each other's syncs and return wrong data. The tag (sequence number, op, size) goes into this
@@ -281,10 +284,12 @@ class Segment:
                 )
 
     def _describe(self, tag: tuple[int, int, int]) -> str:
-        seq, op, nbytes = tag
+        seq, word, nbytes = tag
+        op, kind = word & 0xFF, word >> 8
         name = self.op_names[op - 1] if 0 < op <= len(self.op_names) else f"operation {op}"
         size = f" of {nbytes} bytes" if nbytes else ""
-        return f"{name}{size} as its shared-memory operation #{seq}"
+        what = f" ({self.kind_name(kind)})" if kind else ""
+        return f"{name}{size}{what} as its shared-memory operation #{seq}"
 
     def sync(self) -> None:
         """Barrier over the node communicator through the counters (see module docstring)."""
