@@ -13,6 +13,7 @@ the group size; integer AVG truncates toward zero, as NCCL does).
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any
 
 import numpy as np
@@ -48,14 +49,15 @@ class _PremulSum:
 
     def __init__(self, factor: Any) -> None:
         if isinstance(factor, bool) or not isinstance(factor, (int, float, complex, np.number)):
-            size = getattr(factor, "size", None)
-            if size is None and hasattr(factor, "numel"):
-                size = factor.numel()
-            if size != 1:
+            numel = getattr(factor, "numel", None)  # a torch tensor's size is a method: ask numel() first
+            size = numel() if callable(numel) else getattr(factor, "size", None)
+            item = factor.item() if size == 1 else None  # type: ignore[union-attr]
+            if isinstance(item, bool) or not isinstance(item, (int, float, complex)):
                 raise TypeError(
-                    f"PREMUL_SUM factor must be a number or a one-element array, got {type(factor).__name__}"
+                    "PREMUL_SUM factor must be a number or a one-element array of numbers, got "
+                    f"{type(factor).__name__}" + ("" if size in (None, 1) else f" of {size} elements")
                 )
-            factor = factor.item()  # type: ignore[union-attr]
+            factor = item
         self.factor = factor
 
     op = RedOpType.PREMUL_SUM
@@ -156,6 +158,35 @@ _HALF = ("float16", "bfloat16")
 CACHE: dict[tuple[Any, str], ResolvedOp] = {}
 
 
+def _premul_factor(factor: Any, dtype: str, argname: str) -> Any:
+    """A PREMUL_SUM factor as an array of ``dtype`` takes it; ValueError for one it cannot (checked before any
+    message moves, where NumPy would drop an imaginary part, truncate a fraction or overflow mid-call)."""
+    if isinstance(factor, (complex, np.complexfloating)) and not dtype.startswith("complex"):
+        if factor.imag != 0:
+            raise ValueError(
+                f"{argname}=ReduceOp.PREMUL_SUM({factor!r}) has an imaginary part, but the array is real "
+                f"(dtype {dtype}); use a real factor or a complex array"
+            )
+        factor = factor.real
+    if dtype.startswith(("int", "uint")):
+        lo, hi = _INT_RANGE.get(dtype) or _INT_RANGE.setdefault(
+            dtype, (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
+        )
+        whole = isinstance(factor, (int, np.integer)) or (math.isfinite(factor) and factor == int(factor))
+        if not whole or not lo <= int(factor) <= hi:
+            raise ValueError(
+                f"{argname}=ReduceOp.PREMUL_SUM({factor!r}) on an integer array (dtype {dtype}) needs a whole factor "
+                f"between {lo} and {hi}; a fraction would truncate each product (NCCL refuses integer "
+                "PREMUL_SUM): convert the array to a floating dtype"
+            )
+        factor = int(factor)
+    return factor
+
+
+#: integer dtype name -> (min, max), filled as met (np.iinfo costs microseconds)
+_INT_RANGE: dict[str, tuple[int, int]] = {}
+
+
 #: plain numbers, which compare and hash equal to RedOpType members (True == 1 == AVG) but are no ReduceOp
 NUMBERS = (bool, int, float, np.number)
 
@@ -182,7 +213,7 @@ def resolve_op(op: Any, dtype: str, argname: str = "op") -> ResolvedOp:
         base = resolve_op(RedOpType.SUM, dtype, argname)
         if dtype == "bool":
             raise ValueError(f"{argname}=PREMUL_SUM is not defined for bool arrays")
-        return ResolvedOp(RedOpType.PREMUL_SUM, base.mpi_name, premul=op.factor)
+        return ResolvedOp(RedOpType.PREMUL_SUM, base.mpi_name, premul=_premul_factor(op.factor, dtype, argname))
     try:
         kind = RedOpType(op)
     except (ValueError, TypeError):

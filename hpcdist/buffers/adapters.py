@@ -191,12 +191,39 @@ def adapt_list(objs: Any, argname: str, write: bool) -> list[Buf]:
 # ---------------------------------------------------------------- NumPy (host)
 
 
+_EXPECTED = "expected bool, (u)int8-64, float16/32/64, longdouble, bfloat16 or complex64/128"
+
+
 def _check_dtype(arr: np.ndarray, argname: str) -> None:
     if not supported(arr.dtype):
-        raise TypeError(
-            f"{argname} has dtype {arr.dtype}, which hpcdist cannot communicate; expected bool, (u)int8-64, "
-            "float16/32/64, bfloat16 or complex64/128"
-        )
+        dt = arr.dtype
+        hint = ""
+        if dt.byteorder not in "=|" and supported(dt.newbyteorder("=")):
+            hint = " (a byte-swapped dtype: pass arr.astype(arr.dtype.newbyteorder('=')))"
+        raise TypeError(f"{argname} has dtype {dt}, which hpcdist cannot communicate; {_EXPECTED}{hint}")
+
+
+def _self_overlaps(arr: np.ndarray) -> bool:
+    """Whether two elements of ``arr`` share memory (a stride-0 axis from ``expand``/``broadcast_to``, or an
+    ``as_strided`` view). Asked of strided outputs only: a quick test that passes any slice or transpose of an
+    array; an exact one (element offsets, sorted) for the rest."""
+    axes = sorted((abs(s), n) for s, n in zip(arr.strides, arr.shape, strict=True) if n > 1)
+    span = arr.itemsize  # bytes one block of the axes so far covers
+    for stride, n in axes:
+        if stride < span:
+            if stride == 0:  # expand / broadcast_to: every element of the axis is one
+                return True
+            break
+        span = stride * (n - 1) + span
+    else:
+        return False
+    if arr.size == 0:
+        return False
+    offsets = np.zeros((), dtype=np.int64)
+    for stride, n in zip(arr.strides, arr.shape, strict=True):
+        offsets = np.add.outer(offsets, np.arange(n, dtype=np.int64) * stride)
+    ends = np.sort(offsets, axis=None)
+    return bool((np.diff(ends) < arr.itemsize).any())
 
 
 def _host_buf(arr: np.ndarray, obj: Any, argname: str, write: bool, dtype: str | None = None) -> Buf:
@@ -208,6 +235,12 @@ def _host_buf(arr: np.ndarray, obj: Any, argname: str, write: bool, dtype: str |
     tmp = np.ascontiguousarray(arr)
     if not write:
         return Buf(tmp, obj, dtype or arr.dtype.name)
+    if _self_overlaps(arr):
+        raise ValueError(
+            f"{argname} has elements that share memory (strides {arr.strides} for shape {arr.shape}: an expanded or "
+            "broadcast view, or an overlapping as_strided view), but this call writes its result into it; "
+            "pass an array that owns its elements (tensor.clone(), arr.copy())"
+        )
 
     def writeback(dst: np.ndarray = arr, src: np.ndarray = tmp) -> None:
         np.copyto(dst, src)
@@ -218,7 +251,17 @@ def _host_buf(arr: np.ndarray, obj: Any, argname: str, write: bool, dtype: str |
 def _numpy(obj: Any, argname: str, write: bool) -> Buf:
     if not supported(obj.dtype):
         _check_dtype(obj, argname)
-    return _host_buf(obj, obj, argname, write)
+    if type(obj) is _ndarray:  # the common case: no subclass checks
+        return _host_buf(obj, obj, argname, write)
+    ma = sys.modules.get("numpy.ma")
+    if ma is not None and isinstance(obj, ma.MaskedArray):  # its mask would be ignored: masked values reduced too
+        raise TypeError(
+            f"{argname} is a NumPy masked array; hpcdist communicates data, not masks: pass arr.filled(value) or "
+            "arr.data, and the mask separately"
+        )
+    # a subclass (np.matrix, np.memmap) as a plain view of its memory: the engines reshape, slice and
+    # concatenate, which np.matrix answers in two dimensions (results were wrong or raised mid-call)
+    return _host_buf(obj.view(_ndarray), obj, argname, write)
 
 
 def _is_numpy(obj: Any) -> bool:
@@ -244,10 +287,7 @@ def _torch(obj: Any, argname: str, write: bool) -> Buf:
     if not obj.is_cpu:  # (is_cpu: one attribute; device.type builds a string per call)
         device_adapter = TORCH_DEVICE_ADAPTERS.get(obj.device.type)
         if device_adapter is None:
-            raise TypeError(
-                f"{argname} is a torch tensor on {obj.device}; hpcdist moves CPU tensors and, with its GPU "
-                "support (the 'gpu' extra: cupy), CUDA tensors; move it to the CPU or install cupy"
-            )
+            raise TypeError(_device_message(obj, argname))
         return device_adapter(obj, argname, write)
     t = obj.detach() if obj.requires_grad else obj  # .numpy() refuses only tensors that require grad
     if t.layout is not torch.strided:  # sparse layouts included
@@ -258,32 +298,48 @@ def _torch(obj: Any, argname: str, write: bool) -> Buf:
             f"{argname} is a lazy {kind} view (tensor.is_{bit}() is True): its memory does not hold its values; "
             f"pass tensor.resolve_{bit}() (a copy holding them)"
         )
-    contiguous = t.is_contiguous()
-    base = t if contiguous else t.contiguous()
     tdtype = t.dtype
-    if tdtype is torch.bfloat16:
-        arr = base.view(torch.int16).numpy().view(np.uint16)
-        dtype = "bfloat16"
-    else:
-        try:
-            arr = base.numpy()
-        except TypeError:
-            raise TypeError(f"{argname} has dtype {t.dtype}, which hpcdist cannot communicate") from None
-        name = _TORCH_DTYPE_NAMES.get(tdtype)
-        if name is None:  # first tensor of this dtype: check it once (NumPy's dtype.name costs µs per call)
+    try:  # a view of the tensor's own memory, whatever its strides (torch's strides are never negative)
+        contiguous = t.is_contiguous()
+        arr = t.view(torch.int16).numpy().view(np.uint16) if tdtype is torch.bfloat16 else t.numpy()
+    except TypeError:  # torch has no NumPy dtype for it: complex32, float8, quantized, ...
+        raise TypeError(f"{argname} has dtype {tdtype}, which hpcdist cannot communicate; {_EXPECTED}") from None
+    except RuntimeError:  # a tensor whose memory torch does not hand out: nested, or a subclass such as DTensor
+        raise TypeError(_opaque_message(t, argname)) from None
+    dtype = _TORCH_DTYPE_NAMES.get(tdtype)
+    if dtype is None:  # first tensor of this dtype: check it once (NumPy's dtype.name costs µs per call)
+        if tdtype is torch.bfloat16:
+            dtype = "bfloat16"
+        else:
             _check_dtype(arr, argname)
-            name = _TORCH_DTYPE_NAMES[tdtype] = arr.dtype.name
-        dtype = name
+            dtype = arr.dtype.name
+        _TORCH_DTYPE_NAMES[tdtype] = dtype
     if contiguous:
         return Buf(arr, obj, dtype)
-    if not write:
-        return Buf(arr, obj, dtype)
+    # a strided view: MPI moves a contiguous copy, written back through NumPy (torch's copy_ refused inference
+    # tensors outside inference mode, after the data had moved)
+    return _host_buf(arr, obj, argname, write, dtype)
 
-    def writeback(dst: Any = obj, src: Any = base) -> None:
-        with torch.no_grad():
-            dst.copy_(src)
 
-    return Buf(arr, obj, dtype, writeback=writeback)
+def _device_message(obj: Any, argname: str) -> str:
+    """The error for a torch tensor on a device no adapter serves."""
+    if obj.device.type == "meta":
+        return f"{argname} is a torch tensor on the meta device: it has no data to communicate; pass a CPU tensor"
+    return (
+        f"{argname} is a torch tensor on {obj.device}; hpcdist moves CPU tensors and, with its GPU "
+        "support (the 'gpu' extra: cupy), CUDA tensors; move it to the CPU or install cupy"
+    )
+
+
+def _opaque_message(t: Any, argname: str) -> str:
+    """The error for a CPU tensor whose memory torch does not expose (``.numpy()`` raised RuntimeError)."""
+    if t.is_nested:
+        return f"{argname} is a nested tensor; communicate its components (tensor.unbind()) or a padded dense tensor"
+    hint = "; pass its local shard (tensor.to_local())" if hasattr(t, "to_local") else "; pass a plain torch.Tensor"
+    return (
+        f"{argname} is a {type(t).__name__}, a tensor subclass whose memory torch does not expose to other "
+        f"libraries{hint}"
+    )
 
 
 # ---------------------------------------------------------------- generic host protocols
@@ -294,6 +350,11 @@ def _has_array_interface(obj: Any) -> bool:
 
 
 def _array_interface(obj: Any, argname: str, write: bool) -> Buf:
+    if write and isinstance(obj, np.generic):  # np.asarray copies a NumPy scalar: the result would be lost
+        raise TypeError(
+            f"{argname} is a NumPy scalar ({type(obj).__name__}), which cannot be written in place, but this call "
+            "writes its result into it; pass an array (np.array(x))"
+        )
     arr = np.asarray(obj)
     _check_dtype(arr, argname)
     return _host_buf(arr, obj, argname, write)

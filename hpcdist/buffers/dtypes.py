@@ -70,7 +70,7 @@ def mpi_datatype(dtype: np.dtype) -> Any:
     info = dtype_info(dtype)
     if info is None:
         raise TypeError(
-            f"dtype {dtype} has no MPI datatype: use bool, (u)int8-64, float16/32/64, bfloat16, complex64/128"
+            f"dtype {dtype} has no MPI datatype: use bool, (u)int8-64, float16/32/64, longdouble, bfloat16, complex64/128"
         )
     return info[1]
 

@@ -93,7 +93,7 @@ def reduce_op(opname: str, op: Any, dtype: Any) -> Any:
     except (ValueError, TypeError) as exc:
         raise ValueError(
             f"hpcdist backend: {opname} with ReduceOp.{RedOpType(value).name} on dtype {dtype}: {exc}. "
-            "Supported: SUM, AVG, PREMUL_SUM on every dtype but bool (AVG/PREMUL_SUM); MIN, MAX, PRODUCT on "
+            "Supported: SUM, AVG, PREMUL_SUM on every dtype but bool (AVG/PREMUL_SUM; whole factors on integers); MIN, MAX, PRODUCT on "
             "real dtypes; BAND, BOR, BXOR on integer and bool dtypes"
         ) from None
     del checked
