@@ -203,12 +203,13 @@ def _check_dtype(arr: np.ndarray, argname: str) -> None:
         raise TypeError(f"{argname} has dtype {dt}, which hpcdist cannot communicate; {_EXPECTED}{hint}")
 
 
-def _self_overlaps(arr: np.ndarray) -> bool:
-    """Whether two elements of ``arr`` share memory (a stride-0 axis from ``expand``/``broadcast_to``, or an
-    ``as_strided`` view). Asked of strided outputs only: a quick test that passes any slice or transpose of an
-    array; an exact one (element offsets, sorted) for the rest."""
-    axes = sorted((abs(s), n) for s, n in zip(arr.strides, arr.shape, strict=True) if n > 1)
-    span = arr.itemsize  # bytes one block of the axes so far covers
+def self_overlaps(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    """Whether two elements of an array of ``shape`` and byte ``strides`` share memory (a stride-0 axis from
+    ``expand``/``broadcast_to``, or an ``as_strided`` view). Asked of strided outputs only (host and device): a
+    quick test that passes any slice or transpose of an array; an exact one (element offsets, sorted) for the
+    rest."""
+    axes = sorted((abs(s), n) for s, n in zip(strides, shape, strict=True) if n > 1)
+    span = itemsize  # bytes one block of the axes so far covers
     for stride, n in axes:
         if stride < span:
             if stride == 0:  # expand / broadcast_to: every element of the axis is one
@@ -217,13 +218,23 @@ def _self_overlaps(arr: np.ndarray) -> bool:
         span = stride * (n - 1) + span
     else:
         return False
-    if arr.size == 0:
+    if 0 in shape:
         return False
     offsets = np.zeros((), dtype=np.int64)
-    for stride, n in zip(arr.strides, arr.shape, strict=True):
+    for stride, n in zip(strides, shape, strict=True):
         offsets = np.add.outer(offsets, np.arange(n, dtype=np.int64) * stride)
     ends = np.sort(offsets, axis=None)
-    return bool((np.diff(ends) < arr.itemsize).any())
+    return bool((np.diff(ends) < itemsize).any())
+
+
+def refuse_shared_elements(argname: str, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> None:
+    """ValueError, before any message, for an output whose elements share memory (:func:`self_overlaps`)."""
+    if self_overlaps(shape, strides, itemsize):
+        raise ValueError(
+            f"{argname} has elements that share memory (strides {strides} for shape {shape}: an expanded or "
+            "broadcast view, or an overlapping as_strided view), but this call writes its result into it; "
+            "pass an array that owns its elements (tensor.clone(), arr.copy())"
+        )
 
 
 def _host_buf(arr: np.ndarray, obj: Any, argname: str, write: bool, dtype: str | None = None) -> Buf:
@@ -235,12 +246,7 @@ def _host_buf(arr: np.ndarray, obj: Any, argname: str, write: bool, dtype: str |
     tmp = np.ascontiguousarray(arr)
     if not write:
         return Buf(tmp, obj, dtype or arr.dtype.name)
-    if _self_overlaps(arr):
-        raise ValueError(
-            f"{argname} has elements that share memory (strides {arr.strides} for shape {arr.shape}: an expanded or "
-            "broadcast view, or an overlapping as_strided view), but this call writes its result into it; "
-            "pass an array that owns its elements (tensor.clone(), arr.copy())"
-        )
+    refuse_shared_elements(argname, arr.shape, arr.strides, arr.itemsize)
 
     def writeback(dst: np.ndarray = arr, src: np.ndarray = tmp) -> None:
         np.copyto(dst, src)

@@ -55,6 +55,7 @@ def _device_buf(arr: Any, obj: Any, argname: str, write: bool, dtype: str | None
     tmp = cupy.ascontiguousarray(arr)
     if not write:
         return Buf(tmp, obj, name, "cuda", None, index)
+    _host.refuse_shared_elements(argname, tuple(arr.shape), tuple(arr.strides), arr.itemsize)
 
     def writeback(dst: Any = arr, src: Any = tmp) -> None:
         dst[...] = src
@@ -137,6 +138,9 @@ def _torch_cuda(obj: Any, argname: str, write: bool) -> Buf:
         raise TypeError(f"{argname} has dtype {t.dtype}, which hpcdist cannot communicate") from None
     _check_dtype(np_dtype, argname)
     copied = not t.is_contiguous() or t.is_conj() or t.is_neg()
+    if copied and write:  # an expanded view cannot hold one result per element: refused before any message
+        size = np_dtype.itemsize
+        _host.refuse_shared_elements(argname, tuple(t.shape), tuple(s * size for s in t.stride()), size)
     base = t.resolve_conj().resolve_neg().contiguous() if copied else t
     index = int(t.device.index)
     nbytes = base.numel() * np_dtype.itemsize
@@ -146,7 +150,8 @@ def _torch_cuda(obj: Any, argname: str, write: bool) -> Buf:
         return Buf(arr, obj, logical, "cuda", None, index)
 
     def writeback(dst: Any = obj, src: Any = base) -> None:
-        with torch.no_grad():
+        # an inference tensor (made under torch.inference_mode()) takes in-place updates only in inference mode
+        with torch.no_grad(), torch.inference_mode(dst.is_inference()):
             dst.copy_(src)
 
     return Buf(arr, obj, logical, "cuda", writeback, index)

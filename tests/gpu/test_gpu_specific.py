@@ -83,6 +83,29 @@ def test_non_contiguous_device_views(gpu_path):
         assert torch.equal(t[:, 0].cpu(), torch.tensor(want[:, 0], dtype=torch.float32))
 
 
+def test_device_outputs_whose_elements_share_memory_are_refused_before_any_message(gpu_path):
+    """An expanded view cannot hold one result per element; the host adapters refuse it, the device ones too."""
+    with pytest.raises(ValueError, match=r"tensor has elements that share memory"):
+        dist.all_reduce(cp.broadcast_to(cp.zeros(1), (4,)))
+    if torch_cuda():
+        with pytest.raises(ValueError, match=r"tensor has elements that share memory"):
+            dist.all_reduce(torch.zeros(1, device="cuda").expand(4))
+    x = cp.full(4, 1.0)
+    dist.all_reduce(x)  # every rank refused alike: the group is in step
+    assert cp.asnumpy(x).tolist() == [float(n())] * 4
+
+
+def test_strided_cuda_inference_tensor_output_holds_the_result(gpu_path):
+    """torch's copy_ into an inference tensor outside inference mode raised after the data moved."""
+    if not torch_cuda():
+        pytest.skip("torch has no CUDA here")
+    with torch.inference_mode():
+        base = torch.full((4, 2), float(me() + 1), device="cuda")
+    view = base.t()  # strided: goes through a contiguous copy and the copy-back
+    dist.all_reduce(view)
+    assert torch.equal(base.cpu(), torch.full((4, 2), n() * (n() + 1) / 2))
+
+
 def test_requires_grad_cuda_tensor(gpu_path):
     if not torch_cuda():
         pytest.skip("torch has no CUDA here")
