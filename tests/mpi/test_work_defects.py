@@ -148,30 +148,11 @@ def test_a_dropped_works_finishing_step_runs_when_a_later_work_is_waited():
     dist.barrier()
 
 
-def test_finish_orphans_after_a_barrier_finishes_the_groups_dropped_collectives(group):
-    if group is dist.GroupMember.NON_GROUP_MEMBER:
-        dist.barrier()
-        return
-    n = dist.get_world_size(group)
-    if dist.get_rank(group) != 0:
-        time.sleep(0.3)
-    x = np.full(8, float(dist.get_rank(group)))
-    dist.all_reduce(x, op=dist.ReduceOp.AVG, group=group, async_op=True)
-    base = np.zeros((4, 2))
-    base[:, 0] = dist.get_rank(group) + 1
-    dist.all_reduce(base[:, 0], group=group, async_op=True)
-    gc.collect()
-    dist.barrier(group=group)
-    finish_orphans(group)  # every rank started them before the barrier: they complete promptly
-    np.testing.assert_array_equal(x, np.full(8, (n - 1) / 2))
-    np.testing.assert_array_equal(base[:, 0], np.full(4, n * (n + 1) / 2))
-    assert pending_orphans() == 0
-    dist.barrier()
-
-
-def test_a_blocking_barrier_finishes_the_groups_dropped_collectives(group):
+@pytest.mark.parametrize("then", ["barrier", "all_reduce+finish_orphans"])
+def test_a_blocking_barrier_finishes_the_groups_dropped_collectives(group, then):
     """As gloo's barrier waits for the group's earlier work: after ``barrier()`` a dropped AVG is divided and a
-    dropped non-contiguous output copied back, with no other call (they held the SUM / nothing before)."""
+    dropped non-contiguous output copied back, with no other call (they held the SUM / nothing before). So does
+    ``finish_orphans(group)`` after any later blocking collective of the group (every rank started them)."""
     if group is dist.GroupMember.NON_GROUP_MEMBER:
         dist.barrier()
         return
@@ -184,7 +165,11 @@ def test_a_blocking_barrier_finishes_the_groups_dropped_collectives(group):
     base[:, 0] = dist.get_rank(group) + 1
     dist.all_reduce(base[:, 0], group=group, async_op=True)
     gc.collect()
-    dist.barrier(group=group)
+    if then == "barrier":
+        dist.barrier(group=group)
+    else:
+        dist.all_reduce(np.ones(1), group=group)  # blocking, no Work: nothing reaps the dropped ones on its own
+        finish_orphans(group)  # every rank started them before this all_reduce: they complete promptly
     np.testing.assert_array_equal(x, np.full(8, (n - 1) / 2))
     np.testing.assert_array_equal(base[:, 0], np.full(4, n * (n + 1) / 2))
     assert pending_orphans() == 0
