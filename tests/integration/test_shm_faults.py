@@ -354,3 +354,49 @@ dist.destroy_process_group()
     assert [ln[1:4] for ln in lines] == [["0", "3.0", "3.0"], ["1", "3.0", "3.0"]], r.output
     assert lines[0][4] == "1" and lines[1][4] != "1", r.output  # rank 0 was pinned, rank 1 was not
     assert lines[0][5:] == lines[1][5:], r.output  # the same node CPUs and path on both ranks
+
+
+def test_an_operation_interrupted_on_one_rank_leaves_the_segment_refusing_reuse(tmp_path):
+    """An exception raised inside a shared-memory operation on one rank (Ctrl-C in a notebook, a signal handler's
+    error) left its counters mid-operation. Calling again there began the next operation on them: its syncs let
+    the peer, still in the interrupted one, pass a sync it should wait at and read a slot being rewritten. Now the
+    interrupted rank's segment refuses reuse at once, and the peer times out instead of reading garbage."""
+    script = (
+        PRELUDE
+        + """
+import signal
+dist.init_process_group("mpi", timeout=timedelta(seconds=3))
+x = np.full(1 << 16, float(dist.get_rank() + 1), np.float32)
+dist.all_reduce(x)                     # the segment is set up by both ranks
+if dist.get_rank() == 0:
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt("interrupted by the test")
+    signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        dist.all_reduce(x)             # rank 1 comes 1.5 s later: interrupted while it waits in the operation
+    except KeyboardInterrupt as e:
+        say("INTERRUPTED", e)
+    y = np.full(1 << 16, 1.0, np.float32)
+    try:
+        dist.all_reduce(y)
+        say("AGAIN RAN", y[:2])
+    except dist.DistError as e:
+        say("AGAIN REFUSED", type(e).__name__, e)
+    time.sleep(6)
+    os._exit(0)
+else:
+    time.sleep(1.5)
+    try:
+        dist.all_reduce(x)
+        say("PEER RETURNED", x[:2])
+    except dist.DistError as e:
+        say("PEER FAILED", type(e).__name__, e)
+    os._exit(0)
+"""
+    )
+    r = run_mpi(2, script, tmp_path, env={"HPCDIST_SHM": "1", "HPCDIST_SHM_SLOT": "4096"}, limit=90)
+    assert not r.timed_out, "the job hung: " + r.output
+    assert "INTERRUPTED" in r.stdout, r.output
+    assert "AGAIN REFUSED DistError" in r.stdout and "interrupted" in r.stdout.split("AGAIN REFUSED")[1], r.output
+    assert "PEER FAILED DistTimeoutError" in r.stdout, r.output
