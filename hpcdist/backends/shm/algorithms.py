@@ -28,7 +28,7 @@ import numpy as np
 
 from ...buffers.reduction import f32_to_bf16_bits, premultiply, scale_average
 from ...errors import DistError
-from .segment import Segment
+from .segment import Segment, interruptible
 
 __all__ = [
     "UFUNCS",
@@ -269,6 +269,7 @@ class _Reduction:
             plan = nxt
 
 
+@interruptible
 def all_reduce(
     seg: Segment,
     src: np.ndarray,
@@ -288,6 +289,7 @@ def all_reduce(
         _Reduction(seg, src, mpi_op, half, premul, average).run(dst)
 
 
+@interruptible
 def all_reduce_list(
     seg: Segment, arrays: list[np.ndarray], mpi_op: str, premul: Any = None, average: bool = False
 ) -> None:
@@ -299,6 +301,7 @@ def all_reduce_list(
         _Reduction(seg, src, mpi_op, None, premul, average).run(src)
 
 
+@interruptible
 def reduce(
     seg: Segment,
     src: np.ndarray,
@@ -317,6 +320,7 @@ def reduce(
         _Reduction(seg, src, mpi_op, half, premul, average).run(dst)
 
 
+@interruptible
 def broadcast(seg: Segment, arr: np.ndarray, root: int) -> None:
     """Copy ``arr`` of rank ``root`` into ``arr`` on every rank (the root fills whole sets)."""
     dt = arr.dtype
@@ -339,6 +343,7 @@ def broadcast(seg: Segment, arr: np.ndarray, root: int) -> None:
     _two_stage(seg, -(-total // k), write, read)
 
 
+@interruptible
 def all_gather(seg: Segment, src: np.ndarray, outs: list[np.ndarray]) -> None:
     """Every rank's ``src`` (equal sizes) into ``outs[r]`` on every rank."""
     dt = src.dtype
@@ -361,6 +366,7 @@ def all_gather(seg: Segment, src: np.ndarray, outs: list[np.ndarray]) -> None:
     _two_stage(seg, -(-total // k), write, read)
 
 
+@interruptible
 def reduce_scatter(
     seg: Segment,
     ins: list[np.ndarray],
@@ -427,6 +433,7 @@ def _check_splits(sends: np.ndarray, recvs: np.ndarray) -> None:
         )
 
 
+@interruptible
 def all_to_all(
     seg: Segment, src: np.ndarray, scounts: list[int], dst: np.ndarray, rcounts: list[int], window: tuple[int, int]
 ) -> bool:

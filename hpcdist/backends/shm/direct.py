@@ -30,7 +30,7 @@ from ...buffers.reduction import scale_average
 from ...errors import DistError, describe_op
 from .algorithms import UFUNCS, _bounds, _reduce_ordered
 from .cma import Reader
-from .segment import Segment
+from .segment import Segment, interruptible
 
 __all__ = ["CHUNK_BYTES", "all_gather", "all_reduce", "broadcast", "reduce_scatter"]
 
@@ -95,6 +95,7 @@ def _reduce_from(
             scale_average(piece, n)
 
 
+@interruptible
 def all_reduce(seg: Segment, rd: Reader, x: np.ndarray, mpi_op: str, average: bool = False) -> None:
     """Reduce ``x`` over the segment's ranks, in place on every rank. Three syncs.
 
@@ -115,6 +116,7 @@ def all_reduce(seg: Segment, rd: Reader, x: np.ndarray, mpi_op: str, average: bo
     seg.sync()  # every peer has read this rank's slice
 
 
+@interruptible
 def broadcast(seg: Segment, rd: Reader, arr: np.ndarray, root: int) -> None:
     """Copy ``arr`` of rank ``root`` into ``arr`` on every rank. Two syncs."""
     addrs = _post(seg, [arr.ctypes.data])
@@ -123,6 +125,7 @@ def broadcast(seg: Segment, rd: Reader, arr: np.ndarray, root: int) -> None:
     seg.sync()  # the root's array is read
 
 
+@interruptible
 def all_gather(seg: Segment, rd: Reader, src: np.ndarray, outs: list[np.ndarray]) -> None:
     """Every rank's ``src`` (equal sizes) into ``outs[r]`` on every rank. Two syncs."""
     me = seg.rank  # (src is outs[me] or apart from every output, outs apart from each other: the engine's care)
@@ -134,6 +137,7 @@ def all_gather(seg: Segment, rd: Reader, src: np.ndarray, outs: list[np.ndarray]
     seg.sync()  # every peer has read this rank's src
 
 
+@interruptible
 def reduce_scatter(
     seg: Segment, rd: Reader, ins: list[np.ndarray], dst: np.ndarray, mpi_op: str, average: bool = False
 ) -> None:

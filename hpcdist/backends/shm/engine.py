@@ -35,10 +35,8 @@ group's segment is unusable afterwards.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from itertools import pairwise
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +44,7 @@ from ... import config
 from ..._world import WORLD
 from ...buffers.adapters import Buf, apart
 from ...buffers.dtypes import HALF_DTYPES
-from ...errors import DistError, DistTimeoutError, describe_op
+from ...errors import DistTimeoutError, describe_op
 from ...ops import RedOpType, ResolvedOp
 from ...work import Work, completed_work
 from ..mpi import MPIEngine
@@ -93,33 +91,6 @@ def _kind_name(kind: int) -> str:
         except ValueError:
             words.append(f"reduction {op - 1}")
     return ", ".join(words)
-
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _interruptible(method: _F) -> _F:
-    """A shared-memory operation whose exception other than hpcdist's own (KeyboardInterrupt in a notebook, a
-    signal handler's error, NumPy's) escapes after it began leaves this rank's counters mid-operation: from then
-    on the segment refuses reuse (the next call raises at once, the peers time out). Otherwise the next
-    operation's syncs would let a peer still in this one pass a sync it must wait at, and read a slot being
-    rewritten. hpcdist's own errors mark the segment themselves where it is out of step."""
-
-    @functools.wraps(method)
-    def guarded(self: ShmEngine, *args: Any, **kwargs: Any) -> Any:
-        seg = self._seg
-        began = seg.seq if isinstance(seg, Segment) else 0
-        try:
-            return method(self, *args, **kwargs)
-        except DistError:
-            raise
-        except BaseException as exc:
-            seg = self._seg
-            if isinstance(seg, Segment) and seg.seq != began and not seg.broken:
-                seg.broken = f"an operation was interrupted on this rank by {type(exc).__name__}"
-            raise
-
-    return guarded  # type: ignore[return-value]
 
 
 def _tangled(arrays: list[np.ndarray]) -> bool:
@@ -271,17 +242,15 @@ class ShmEngine(MPIEngine):
 
     # -- collectives ---------------------------------------------------------
 
-    @_interruptible
     def barrier(self, sync: bool = False, timeout_s: float | None = None) -> Work | None:
         seg = self._use("barrier", 0)
         if seg is None:
             return super().barrier(sync)
         if timeout_s is not None:  # barrier(timeout=...): this wait's own bound (it was the group's)
             seg.timeout_s = timeout_s
-        seg.sync()
+        seg.guarded_sync()
         return self._done(sync, "barrier", None)
 
-    @_interruptible
     def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work | None:
         sym = self._symmetric("broadcast", buf.arr, buf.arr.nbytes)
         if sym is not None:
@@ -300,10 +269,6 @@ class ShmEngine(MPIEngine):
         nbytes = buf.arr.nbytes
         if not self._ar_lo <= nbytes < self._ar_hi:
             return MPIEngine._all_reduce(self, buf, rop, sync)
-        return self._shm_all_reduce(buf, rop, sync, nbytes)
-
-    @_interruptible
-    def _shm_all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool, nbytes: int) -> Work | None:
         flat = buf.arr.reshape(-1)
         half = buf.dtype if buf.dtype in HALF_DTYPES else None
         sym = None if _converts(rop, half) else self._symmetric("all_reduce", flat, nbytes)
@@ -320,7 +285,6 @@ class ShmEngine(MPIEngine):
             alg.all_reduce(seg, flat, flat, rop.mpi_name, half, rop.premul, rop.average)
         return self._done(sync, "all_reduce", buf.obj, buf)
 
-    @_interruptible
     def host_all_reduce_many(self, arrays: list[Any], dtype: str, rop: ResolvedOp, nbytes: int) -> None:
         seg = self._use("all_reduce", nbytes, _kind(dtype, rop)) if dtype not in HALF_DTYPES else None
         if seg is None:
@@ -328,7 +292,6 @@ class ShmEngine(MPIEngine):
             return
         alg.all_reduce_list(seg, arrays, rop.mpi_name, rop.premul, rop.average)
 
-    @_interruptible
     def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work | None:
         seg = self._use("reduce", buf.arr.nbytes, _kind(buf.dtype, rop))
         if seg is None:
@@ -339,7 +302,6 @@ class ShmEngine(MPIEngine):
         alg.reduce(seg, flat, flat if mine else None, rop.mpi_name, half, rop.premul, rop.average)
         return self._done(sync, "reduce", buf.obj, *([buf] if mine else []))
 
-    @_interruptible
     def all_gather(self, outs: list[Buf], inp: Buf, sync: bool = False) -> Work | None:
         size = inp.arr.size
         even = all(o.arr.size == size for o in outs)  # the same on every rank: outs[r] has rank r's size
@@ -361,7 +323,6 @@ class ShmEngine(MPIEngine):
             self._all_gather(seg, src, dsts)
         return self._done(sync, "all_gather", [o.obj for o in outs], *outs)
 
-    @_interruptible
     def all_gather_into(self, out: Buf, inp: Buf, sync: bool = False) -> Work | None:
         sym = self._symmetric("all_gather_into_tensor", inp.arr, out.arr.nbytes)
         if sym is not None:
@@ -376,7 +337,6 @@ class ShmEngine(MPIEngine):
         self._all_gather(seg, inp.arr.reshape(-1), list(rows))
         return self._done(sync, "all_gather_into_tensor", out.obj, out)
 
-    @_interruptible
     def reduce_scatter(self, out: Buf, ins: list[Buf], rop: ResolvedOp, sync: bool = False) -> Work | None:
         size = out.arr.size
         even = all(b.arr.size == size for b in ins)  # the same on every rank: ins[r] has rank r's output size
@@ -393,7 +353,6 @@ class ShmEngine(MPIEngine):
             self._reduce_scatter(seg, srcs, dst, rop, half)
         return self._done(sync, "reduce_scatter", out.obj, out)
 
-    @_interruptible
     def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
         half = out.dtype if out.dtype in HALF_DTYPES else None
         nbytes = inp.arr.nbytes
@@ -428,7 +387,6 @@ class ShmEngine(MPIEngine):
         else:
             alg.reduce_scatter(seg, srcs, dst, rop.mpi_name, half, rop.premul, rop.average)
 
-    @_interruptible
     def all_to_all_single(
         self, out: Buf, inp: Buf, rcounts: list[int], scounts: list[int], sync: bool = False
     ) -> Work | None:

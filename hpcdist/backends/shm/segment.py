@@ -58,7 +58,7 @@ import platform
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -171,6 +171,30 @@ def _create(total: int) -> tuple[str, int]:
 
 #: why a segment is out of step after a wait ran past the group's timeout (the later uses raise DistTimeoutError)
 _TIMED_OUT = "a wait timed out"
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def interruptible(algorithm: _F) -> _F:
+    """For the algorithms run on a begun operation (first argument: the :class:`Segment`). An exception other
+    than hpcdist's own escaping one (KeyboardInterrupt in a notebook, a signal handler's error, NumPy's) leaves
+    this rank's counters mid-operation: the segment then refuses reuse (this rank's next call raises at once,
+    the peers time out). Otherwise the next operation's syncs would release a peer still in this one past a
+    sync it must wait at, to read a slot being rewritten. hpcdist's own errors mark the segment themselves where
+    it is out of step. Costs a call frame on the shared-memory path only."""
+
+    @functools.wraps(algorithm)
+    def guarded(seg: Segment, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return algorithm(seg, *args, **kwargs)
+        except DistError:
+            raise
+        except BaseException as exc:
+            seg.interrupted(exc)
+            raise
+
+    return guarded  # type: ignore[return-value]
 
 
 class Segment:
@@ -290,6 +314,22 @@ class Segment:
         size = f" of {nbytes} bytes" if nbytes else ""
         what = f" ({self.kind_name(kind)})" if kind else ""
         return f"{name}{size}{what} as its shared-memory operation #{seq}"
+
+    def guarded_sync(self) -> None:
+        """:meth:`sync` as a whole operation (a barrier): marked as :func:`interruptible` marks one."""
+        try:
+            self.sync()
+        except DistError:
+            raise
+        except BaseException as exc:
+            self.interrupted(exc)
+            raise
+
+    def interrupted(self, exc: BaseException) -> None:
+        """An exception other than hpcdist's own escaped an operation begun on this segment: its counters are
+        mid-operation on this rank, so the segment refuses reuse (see :func:`interruptible`)."""
+        if not self.broken:
+            self.broken = f"an operation was interrupted on this rank by {type(exc).__name__}"
 
     def sync(self) -> None:
         """Barrier over the node communicator through the counters (see module docstring)."""

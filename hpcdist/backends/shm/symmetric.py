@@ -45,7 +45,7 @@ from ...buffers.reduction import scale_average
 from ...errors import DistError, describe_op
 from .algorithms import UFUNCS, _bounds, _reduce_ordered
 from .direct import _others
-from .segment import Segment, _map_shared
+from .segment import Segment, _map_shared, interruptible
 
 __all__ = ["LIVE", "OPS", "Allocation", "all_gather", "all_reduce", "allocate", "broadcast", "find", "reduce_scatter"]
 
@@ -157,6 +157,7 @@ def _reduce(parts: list[np.ndarray], out: np.ndarray, mpi_op: str) -> None:
         _reduce_ordered([p[lo:hi] for p in parts], out[lo:hi], ufunc)
 
 
+@interruptible
 def all_reduce(seg: Segment, alloc: Allocation, x: np.ndarray, offset: int, mpi_op: str, average: bool) -> None:
     """Reduce ``x`` (flat, at ``offset`` of this rank's part) over the ranks, in place on every rank. Three syncs.
 
@@ -180,6 +181,7 @@ def all_reduce(seg: Segment, alloc: Allocation, x: np.ndarray, offset: int, mpi_
     seg.sync()  # every peer has copied this rank's slice
 
 
+@interruptible
 def broadcast(seg: Segment, alloc: Allocation, x: np.ndarray, offset: int, root: int) -> None:
     """Copy ``x`` of rank ``root`` into ``x`` on every rank. Two syncs.
 
@@ -199,6 +201,7 @@ def broadcast(seg: Segment, alloc: Allocation, x: np.ndarray, offset: int, root:
     seg.sync()  # every slice is in every array
 
 
+@interruptible
 def all_gather(seg: Segment, alloc: Allocation, src: np.ndarray, offset: int, rows: list[np.ndarray]) -> None:
     """Every rank's ``src`` (at ``offset`` of its part) into ``rows[r]`` on every rank. Two syncs.
 
@@ -222,6 +225,7 @@ def all_gather(seg: Segment, alloc: Allocation, src: np.ndarray, offset: int, ro
         np.copyto(row, part)
 
 
+@interruptible
 def reduce_scatter(
     seg: Segment, alloc: Allocation, src: np.ndarray, offset: int, out: np.ndarray, mpi_op: str, average: bool
 ) -> None:
