@@ -52,7 +52,6 @@ from . import algorithms as alg
 from . import cma, direct, symmetric, table
 from .node import one_node
 from .segment import Segment
-from .segment import barrier as segment_barrier
 
 __all__ = ["ShmEngine", "host_engine", "oversubscribed_node", "shm_eligible", "shm_serves"]
 
@@ -249,7 +248,7 @@ class ShmEngine(MPIEngine):
             return super().barrier(sync)
         if timeout_s is not None:  # barrier(timeout=...): this wait's own bound (it was the group's)
             seg.timeout_s = timeout_s
-        segment_barrier(seg)
+        seg.guarded_sync()
         return self._done(sync, "barrier", None)
 
     def broadcast(self, buf: Buf, root: int, sync: bool = False) -> Work | None:

@@ -315,6 +315,16 @@ class Segment:
         what = f" ({self.kind_name(kind)})" if kind else ""
         return f"{name}{size}{what} as its shared-memory operation #{seq}"
 
+    def guarded_sync(self) -> None:
+        """:meth:`sync` as a whole operation (a barrier): marked as :func:`interruptible` marks one."""
+        try:
+            self.sync()
+        except DistError:
+            raise
+        except BaseException as exc:
+            self.interrupted(exc)
+            raise
+
     def interrupted(self, exc: BaseException) -> None:
         """An exception other than hpcdist's own escaped an operation begun on this segment: its counters are
         mid-operation on this rank, so the segment refuses reuse (see :func:`interruptible`)."""
@@ -432,9 +442,3 @@ def _map_shared(
                 os.unlink(path)  # every rank has mapped it (or given up): the name is no longer needed
             except OSError:
                 pass
-
-
-@interruptible
-def barrier(seg: Segment) -> None:
-    """:meth:`Segment.sync` as a whole operation (the segment's barrier), guarded as the algorithms are."""
-    seg.sync()
