@@ -94,7 +94,16 @@ class Watchdog:
         else:
             self.calls[_get_ident()] = previous
 
-    def guard(self, fn: Any, what: Any, domain: Any, on_busy: Any, owner: Any, buffer: tuple | None = None) -> Any:
+    def guard(
+        self,
+        fn: Any,
+        what: Any,
+        domain: Any,
+        on_busy: Any,
+        owner: Any,
+        buffer: tuple | None = None,
+        shape: str | None = None,
+    ) -> Any:
         """``fn`` as a blocking call of ``owner`` (a process group) in call domain ``domain``.
 
         The returned ``run`` claims the domain's slot in :attr:`inflight` with
@@ -106,13 +115,16 @@ class Watchdog:
         ``run(*args)`` calls ``fn(*args)``; with ``buffer=(head, spec, tail)``,
         ``run(x)`` calls ``fn(head, [x, spec], tail)`` (an mpi4py buffer call
         with its fixed arguments bound, such as ``Allreduce(IN_PLACE, [x,
-        datatype], op)``). It is the whole blocking hot path around an MPI
-        routine (one Python frame, one tuple, no clock), so it is built once
-        per (engine, routine).
+        datatype], op)``). ``shape`` names another way to place the bound
+        datatype (:data:`_SHAPES`): ``"rooted"``, ``run(x, root)`` calls
+        ``fn([x, spec], root)`` (``Bcast``); ``"gather"``, ``run(out, x)``
+        calls ``fn([x, spec], [out, spec])`` (``Allgather``). It is the whole
+        blocking hot path around an MPI routine (one Python frame, one tuple,
+        no clock), so it is built once per (engine, routine).
         """
         self.start()
         head, spec, tail = buffer or (None, None, None)
-        run = _guard_factory("buffer" if buffer else "args")(
+        run = _guard_factory(shape or ("buffer" if buffer else "args"))(
             fn, what, domain, on_busy, owner, self.inflight, head, spec, tail
         )
         _GUARD_CODE.add(run.__code__)
@@ -180,7 +192,12 @@ class Watchdog:
 _GUARD_CODE: set[Any] = set()
 
 #: a guarded call's shapes: (run's parameters, the call of fn) — Watchdog.guard's ``buffer`` picks one
-_SHAPES = {"args": ("*args", "fn(*args)"), "buffer": ("x", "fn(head, [x, spec], tail)")}
+_SHAPES = {
+    "args": ("*args", "fn(*args)"),
+    "buffer": ("x", "fn(head, [x, spec], tail)"),
+    "rooted": ("x, root", "fn([x, spec], root)"),
+    "gather": ("out, x", "fn([x, spec], [out, spec])"),
+}
 _FACTORIES: dict[str, Any] = {}
 _GUARD_SOURCE = """
 def make(fn, what, domain, on_busy, owner, inflight, head, spec, tail):

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .buffers.adapters import Buf, adapt, adapt_list
+from .buffers.adapters import Buf, adapt, adapt_list, tensor_array
 from .buffers.packing import pack, unpack
 from .debug import DETAIL, check_collective, check_traffic
 from .flight import END, attach
@@ -191,9 +191,24 @@ def broadcast(
     if pg is None:
         return None
     root = group_rank(pg, src, group_src, "src")
+    plain = not async_op and not DETAIL[0]
+    if plain:  # a lane (see all_reduce): C-contiguous, aligned and writable (flags.carray), below its bound
+        arr = tensor if type(tensor) is _ndarray else tensor_array(tensor)
+        if arr is not None:
+            lane = pg._bcast_lanes.get(id(arr.dtype))
+            if lane is not None and arr.nbytes < lane[2] and arr.flags.carray:
+                fr = pg._flight
+                entry = None if fr is None else fr.coll("broadcast", lane[1], arr.size, root)
+                lane[3](arr, root)
+                if entry is not None:
+                    entry[END] = True
+                return None
     buf = adapt(tensor, "tensor", pg._rank != root)
     eng, entry = _engine(pg, buf, "broadcast", root, sized=True, async_op=async_op)
-    return _done(eng.broadcast(buf, root, sync=not async_op), async_op, entry)
+    work = _done(eng.broadcast(buf, root, sync=not async_op), async_op, entry)
+    if plain:
+        _learn(pg._bcast_lanes, buf, lambda: eng.host_lane("broadcast", buf.arr.dtype))
+    return work
 
 
 def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = False) -> Work | None:
@@ -217,20 +232,22 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
     if op is not SUM and isinstance(op, _NUMBERS) and type(op) is not RedOpType:
         resolve_op(op, "float64")  # raises: a number hashes like a ReduceOp (True == AVG) in the lookups below
     lane = None
-    if type(tensor) is _ndarray and not async_op and not DETAIL[0]:
-        try:
-            lane = (pg._sum_lanes if op is SUM else pg._lanes.get(op, _NO_LANES)).get(id(tensor.dtype))
-        except TypeError:  # an unhashable op: resolve_op says what is wrong with it
-            resolve_op(op, "float64")
-        # a lane: this dtype and op passed every check before, and the engine runs such calls in one step;
-        # the array must be small enough, C-contiguous, aligned and writable (flags.carray)
-        if lane is not None and tensor.nbytes < lane[2] and tensor.flags.carray:
-            fr = pg._flight
-            entry = None if fr is None else fr.coll("all_reduce", lane[1], tensor.size, -1)
-            lane[3](tensor)
-            if entry is not None:
-                entry[END] = True
-            return None
+    if not async_op and not DETAIL[0]:
+        arr = tensor if type(tensor) is _ndarray else tensor_array(tensor)
+        if arr is not None:
+            try:
+                lane = (pg._sum_lanes if op is SUM else pg._lanes.get(op, _NO_LANES)).get(id(arr.dtype))
+            except TypeError:  # an unhashable op: resolve_op says what is wrong with it
+                resolve_op(op, "float64")
+            # a lane: this dtype and op passed every check before, and the engine runs such calls in one step;
+            # the array must be small enough, C-contiguous, aligned and writable (flags.carray)
+            if lane is not None and arr.nbytes < lane[2] and arr.flags.carray:
+                fr = pg._flight
+                entry = None if fr is None else fr.coll("all_reduce", lane[1], arr.size, -1)
+                lane[3](arr)
+                if entry is not None:
+                    entry[END] = True
+                return None
     buf = adapt(tensor, "tensor", True)
     dtype = buf.dtype
     try:
@@ -243,8 +260,8 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
     if work is None:  # a blocking call that completed
         if entry is not None:
             entry[END] = True
-        if lane is None and buf.arr is tensor and rop.premul is None and not DETAIL[0]:
-            _learn_lane(pg, tensor.dtype, op, dtype, rop, eng)
+        if lane is None and rop.premul is None and not DETAIL[0]:
+            _learn(pg._lanes.setdefault(op, {}), buf, lambda: eng.host_all_reduce_lane(dtype, rop))
         return None
     if async_op:
         if entry is not None:
@@ -286,18 +303,26 @@ def all_reduce_start(pg: ProcessGroup, eng: Any, buf: Buf, rop: Any) -> Work:
 _NO_LANES: dict[int, Any] = {}
 
 
-def _learn_lane(pg: ProcessGroup, np_dtype: Any, op: Any, dtype: str, rop: Any, eng: Any) -> None:
-    """Keep ``eng``'s one-call path for blocking all_reduce of host arrays of this dtype and op (if it has one).
+def _learn(lanes: dict[int, Any], buf: Buf, make: Any) -> None:
+    """Keep the engine's lane (``make()``: ``(max_bytes, run)`` or None) for blocking calls on host arrays of
+    ``buf``'s dtype in ``lanes`` (a group's lanes of one operation, or of all_reduce with one op), once.
 
-    Asked after a call that took the general path: its checks (the op for the
-    dtype, the array kind) passed, so later calls with the same dtype and op
-    on C-contiguous writable NumPy arrays need only the per-array checks (the
-    flags and the size bound) before the lane moves them.
+    Asked after a blocking call that took the general path: its checks (the
+    array kind, the dtype, the op for the dtype) passed, so later calls on
+    NumPy arrays (or views of CPU tensors) of this dtype need only the
+    per-array checks (flags, sizes, the size bound) before the lane moves
+    them. Only a ``buf`` that is a NumPy array the call used in place, of the
+    dtype it names (not a copy, not bfloat16 moved as uint16), teaches a
+    lane. No lane: one of 0 bytes, never taken, so the engine is not asked again.
     """
-    got = eng.host_all_reduce_lane(dtype, rop) or (0, None)  # none: a lane of 0 bytes, never taken
-    by_dtype = pg._lanes.setdefault(op, {})
-    if len(by_dtype) < 64:  # NumPy has fewer dtypes than that, but a program can make new dtype objects
-        by_dtype[id(np_dtype)] = (np_dtype, dtype, got[0], got[1])
+    arr = buf.arr
+    if type(arr) is not _ndarray or buf.writeback is not None:
+        return
+    np_dtype = arr.dtype
+    if id(np_dtype) in lanes or len(lanes) >= 64 or np_dtype.name != buf.dtype:  # (a program can make new dtypes)
+        return
+    got = make() or (0, None)
+    lanes[id(np_dtype)] = (np_dtype, buf.dtype, got[0], got[1])  # holds the dtype: its id is not reused
 
 
 def reduce(
@@ -512,12 +537,51 @@ def all_gather_into_tensor(
     pg = resolve_group(group, "all_gather_into_tensor")
     if pg is None:
         return None
+    plain = not async_op and not DETAIL[0]
+    pair = _apart_arrays(output_tensor, input_tensor) if plain else None
+    if pair is not None:
+        # a lane (see all_reduce): one dtype object, group size x apart, the output writable, C-contiguous,
+        # aligned (flags.carray) and below the bound, the input C-contiguous
+        out_arr, in_arr = pair
+        lane = pg._gather_lanes.get(id(out_arr.dtype))
+        if (
+            lane is not None
+            and in_arr.dtype is out_arr.dtype
+            and out_arr.nbytes < lane[2]
+            and out_arr.size == in_arr.size * pg._size
+            and out_arr.flags.carray
+            and in_arr.flags.c_contiguous
+        ):
+            fr = pg._flight
+            entry = None if fr is None else fr.coll("all_gather_into", lane[1], in_arr.size, -1)
+            lane[3](out_arr, in_arr)
+            if entry is not None:
+                entry[END] = True
+            return None
     inp = adapt(input_tensor, "input_tensor", False)
     out = adapt(output_tensor, "output_tensor", True)
     _same(out, inp, "output_tensor", "input_tensor")
     _group_multiple(pg, out, "output_tensor", inp, "input")
     eng, entry = _engine(pg, inp, "all_gather_into", sized=True, async_op=async_op)
-    return _done(eng.all_gather_into(out, inp, sync=not async_op), async_op, entry)
+    work = _done(eng.all_gather_into(out, inp, sync=not async_op), async_op, entry)
+    if plain:
+        _learn(pg._gather_lanes, out, lambda: eng.host_lane("all_gather_into_tensor", out.arr.dtype))
+    return work
+
+
+def _apart_arrays(output_tensor: Any, input_tensor: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """NumPy arrays of an all_gather_into_tensor's output and input that share no memory (the lane's case),
+    else None: two plain NumPy arrays that own their memory (two such cannot share a byte; views may, and
+    the in-place form is one), or views of two plain CPU tensors whose byte ranges do not meet."""
+    if type(output_tensor) is _ndarray and type(input_tensor) is _ndarray:
+        if output_tensor is input_tensor or not (output_tensor.flags.owndata and input_tensor.flags.owndata):
+            return None
+        return output_tensor, input_tensor
+    out, inp = tensor_array(output_tensor), tensor_array(input_tensor)
+    if out is None or inp is None:
+        return None
+    po, pi = output_tensor.data_ptr(), input_tensor.data_ptr()
+    return None if po < pi + inp.nbytes and pi < po + out.nbytes else (out, inp)
 
 
 def all_gather_single(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
@@ -878,6 +942,14 @@ def barrier(
         check_collective(pg, f"barrier(){_async_part(pg, async_op or timeout is not None)}")
     fr = pg._flight
     entry = None if fr is None else fr.coll("barrier", None, 0, -1)
+    lane: Any = pg._barrier_lane if timeout is None and not async_op else False
+    if lane:  # the engine's blocking barrier, learned by an earlier call
+        lane()
+        if pending_orphans():
+            finish_orphans(pg)
+        if entry is not None:
+            entry[END] = True
+        return None
     eng = pg.barrier_engine()
     if timeout is None:
         work = eng.barrier(sync=not async_op)
@@ -893,4 +965,6 @@ def barrier(
         finish_orphans(pg)
     if entry is not None:
         entry[END] = True
+    if lane is None:  # not asked yet (False: the engine has none)
+        pg._barrier_lane = eng.host_barrier_lane() or False
     return None

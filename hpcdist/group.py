@@ -86,6 +86,11 @@ class ProcessGroup:
         # (collectives._learn_lane); SUM's, the most common, also at hand as _sum_lanes
         self._lanes: dict[Any, dict[int, tuple[Any, str, int, Any]]] = {}
         self._sum_lanes = self._lanes[RedOpType.SUM] = {}
+        # "broadcast" / "all_gather_into_tensor" -> id(NumPy dtype) -> the same (collectives._learn), and the
+        # engine's one-call blocking barrier (None: not asked yet; False: the engine has none)
+        self._bcast_lanes = self._lanes["broadcast"] = {}
+        self._gather_lanes = self._lanes["all_gather_into_tensor"] = {}
+        self._barrier_lane: Any = None
         self.group_name = group_name
         self.group_desc = group_desc
         self._store = store
@@ -171,12 +176,17 @@ class ProcessGroup:
             "one thread, or give each thread a group of its own (new_group)"
         )
 
+    def _drop_lanes(self, barrier: Any = None) -> None:
+        """Forget the group's lanes: later calls learn them again (``barrier=False``: the barrier's never)."""
+        for lanes in self._lanes.values():
+            lanes.clear()
+        self._barrier_lane = barrier
+
     def _free(self) -> None:
         if self._destroyed:
             return
         self._destroyed = True
-        self._lanes.clear()
-        self._sum_lanes.clear()
+        self._drop_lanes(barrier=False)
         for eng in self._engines.values():
             eng.close()
         self._engines.clear()
@@ -303,6 +313,10 @@ def resolve_group(group: Any, opname: str = "") -> ProcessGroup | None:
 
 def group_rank(pg: ProcessGroup, glob: Any, grp: Any, name: str) -> int:
     """The group rank meant by ``name``/``group_name`` (global/group rank); ValueError if bad."""
+    if grp is None and type(glob) is int:  # the common call: a global rank of the group
+        r = pg._g2l.get(glob)
+        if r is not None:
+            return r
     if grp is not None:
         if glob is not None:
             raise ValueError(f"pass either {name}= (a global rank) or group_{name}= (a group rank), not both")

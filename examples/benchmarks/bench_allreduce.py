@@ -21,7 +21,7 @@ import os
 import socket
 
 import numpy as np
-from _timing import iterations, per_call  # this folder
+from _timing import iterations, per_call, vs_raw  # this folder
 from mpi4py import MPI
 
 import hpcdist as dist
@@ -101,7 +101,7 @@ def main() -> None:
         for nb, b in rows:
             line = f"| {nb} | {b['raw'] * 1e6:.2f} |"
             for mode in ("block", "poll"):
-                line += f" {b[mode] * 1e6:.2f} | {(b[mode] - b['raw']) * 1e6:+.2f} | {b['raw'] / b[mode]:.3f} |"
+                line += vs_raw(b[mode], b["raw"], 3)
             if tdist is not None:
                 line += f" {b['gloo'] * 1e6:.1f} |"
             print(line)

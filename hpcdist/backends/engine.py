@@ -101,6 +101,25 @@ class Engine(ABC):
         """
         return None
 
+    def host_lane(self, op: str, np_dtype: Any) -> tuple[int, Callable[..., None]] | None:
+        """The engine's one-call path for blocking ``op`` on small host NumPy arrays of ``np_dtype``, or None.
+
+        ``op`` is ``"broadcast"`` (``run(array, root)``: ``root`` a group rank)
+        or ``"all_gather_into_tensor"`` (``run(output, input)``). Returns
+        ``(max_bytes, run)``: ``run`` does exactly what the engine's method
+        would with ``sync=True`` on C-contiguous NumPy arrays of fewer than
+        ``max_bytes`` bytes (the broadcast array, the gathered output) that
+        the caller checked: writable where written, of ``np_dtype``, the
+        right sizes, not sharing memory. :mod:`hpcdist.collectives` keeps it
+        per (group, op, dtype), as all_reduce's :meth:`host_all_reduce_lane`.
+        The default is None: no lane.
+        """
+        return None
+
+    def host_barrier_lane(self) -> Callable[[], None] | None:
+        """The engine's one-call blocking barrier (``run()``, as ``barrier(sync=True)``), or None (the default)."""
+        return None
+
     def host_all_reduce_many(self, arrays: list[Any], dtype: str, rop: ResolvedOp, nbytes: int) -> None:
         """All-reduce several flat C-contiguous writable host NumPy arrays of logical ``dtype`` (``nbytes`` in all)
         as one, blocking, each in place (:func:`hpcdist.all_reduce_bucketed`).

@@ -201,6 +201,9 @@ class HierarchicalEngine(MPIEngine):
         if self.min_bytes is not None:  # all_reduce's lane and fast path stop where the hierarchical path starts
             self.fast_all_reduce_below = min(self.fast_all_reduce_below, self.min_bytes)
 
+    def lane_below(self, op: str) -> float:
+        return float("inf") if self.min_bytes is None else self.min_bytes  # where the node steps start
+
     def _use(self, sync: bool, nbytes: int) -> NodeTopology | None:
         """The topology when this call goes hierarchical (same answer on every rank: sizes agree), else None."""
         if not sync or self.min_bytes is None or nbytes < self.min_bytes:

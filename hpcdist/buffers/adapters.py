@@ -33,6 +33,7 @@ __all__ = [
     "is_torch",
     "overlaps",
     "register_adapter",
+    "tensor_array",
 ]
 
 
@@ -286,9 +287,29 @@ def is_torch(obj: Any) -> bool:
 #: torch dtype -> the NumPy dtype name of its buffer, for dtypes hpcdist communicates (checked once)
 _TORCH_DTYPE_NAMES: dict[Any, str] = {}
 
+#: ``torch.Tensor`` once a tensor was adapted (None before: nothing here imports torch)
+_TENSOR: list[Any] = [None]
+
+
+def tensor_array(obj: Any) -> np.ndarray | None:
+    """A NumPy view of ``obj``'s memory when it is a plain ``torch.Tensor`` that torch's ``.numpy()`` hands
+    out (on the CPU, dense, not requiring grad, no lazy conjugate or negative bit, a dtype NumPy has), else None.
+
+    For the lanes of :mod:`hpcdist.collectives`, which then check the view as a NumPy array; whatever is
+    refused here takes the general path (the adapter), which accepts it or raises the argument error.
+    Before any tensor was adapted it is None for every object (the adapter sets :data:`_TENSOR`).
+    """
+    if type(obj) is not _TENSOR[0]:
+        return None
+    try:
+        return obj.numpy()  # type: ignore[no-any-return]
+    except Exception:  # grad, sparse, conj/neg, another device, bfloat16: the adapter says what to do
+        return None
+
 
 def _torch(obj: Any, argname: str, write: bool) -> Buf:
     torch = sys.modules["torch"]  # imported: obj is a torch tensor
+    _TENSOR[0] = torch.Tensor
 
     if not obj.is_cpu:  # (is_cpu: one attribute; device.type builds a string per call)
         device_adapter = TORCH_DEVICE_ADAPTERS.get(obj.device.type)

@@ -65,6 +65,71 @@ else:
     assert "DistTimeoutError" in r.stderr and "all_reduce" in r.stderr, r.output
 
 
+# The lanes (the one-call paths of a group's repeated small blocking calls, docs/performance.md) time out as the
+# general path does. Each call below runs once on every rank (the general path, which learns the lane), then
+# again with rank 1 late: rank 0 waits in the lane. op -> (the call, the name its timeout error gives).
+LANE_CALLS = {
+    "all_reduce": ("dist.all_reduce(np.ones(4))", "all_reduce"),
+    "broadcast": ("dist.broadcast(np.ones(4), src=1)", "broadcast"),
+    "all_gather_into_tensor": (
+        "dist.all_gather_into_tensor(np.zeros(8), np.ones(4))",
+        "all_gather_into_tensor",
+    ),
+    "barrier": ("dist.barrier()", "barrier"),
+}
+LANE_SCRIPT = """
+from hpcdist.group import default_pg
+dist.init_process_group("mpi", timeout=timedelta(seconds=1.5))
+pg = default_pg()
+for op in OPS:
+    call = CALLS[op]
+    exec(call)
+    lanes = [lane for lanes in pg._lanes.values() for lane in lanes.values() if lane[2] > 4 * 8]
+    say("LANE", op, bool(lanes or pg._barrier_lane))
+    if dist.get_rank() == 0:
+        t0 = time.monotonic()
+        try:
+            exec(call)
+            say("COMPLETED", op)
+        except dist.DistTimeoutError as e:
+            say(f"TIMEOUT {op} after {time.monotonic() - t0:.1f}s: {e}")
+    else:
+        time.sleep(LATE)  # poll mode: arrives late, the pending operation completes and the job goes on
+        exec(call)
+    pg._drop_lanes()  # the next op learns its own lane
+    dist.barrier(timeout=timedelta(seconds=30))
+x = np.ones(1); dist.all_reduce(x); say("USABLE", x[0])
+"""
+
+
+def _lane_script(ops: list[str], late: float) -> str:
+    calls = {op: LANE_CALLS[op][0] for op in ops}
+    return PRELUDE + f"OPS = {ops!r}\nCALLS = {calls!r}\nLATE = {late}\n" + LANE_SCRIPT
+
+
+def test_lane_calls_time_out_in_poll_mode(tmp_path):
+    ops = list(LANE_CALLS)
+    r = run_mpi(2, _lane_script(ops, 3.5), tmp_path, env={"HPCDIST_WAIT": "poll", "HPCDIST_SHM": "0"}, limit=120)
+    assert not r.timed_out, r.output
+    # the late peer completed every pending operation and the group went on; a process whose operation timed
+    # out still ends with MPI_Abort(124) at exit, not MPI_Finalize (hpcdist/_exit.py: it could not know)
+    assert r.stdout.count("USABLE 2.0") == 2 and r.returncode == 124, r.output
+    for op in ops:
+        assert f"LANE {op} True" in r.stdout, r.output  # the second call was the lane's
+        line = next(x for x in r.stdout.splitlines() if x.startswith(f"TIMEOUT {op} "))
+        assert f"{LANE_CALLS[op][1]}" in line and "did not complete within 1.5s" in line, line
+        assert float(line.split(" after ")[1].split("s")[0]) >= 1.4
+
+
+@pytest.mark.parametrize("op", list(LANE_CALLS))
+def test_lane_calls_time_out_in_block_mode_and_end_the_job(tmp_path, op):
+    r = run_mpi(2, _lane_script([op], 120), tmp_path, env={"HPCDIST_WAIT": "block", "HPCDIST_SHM": "0"}, limit=60)
+    assert not r.timed_out, "the watchdog did not end the job"
+    assert f"LANE {op} True" in r.stdout, r.output
+    assert r.returncode != 0
+    assert "DistTimeoutError" in r.stderr and LANE_CALLS[op][1] in r.stderr, r.output
+
+
 def test_receive_timeout_raises(tmp_path):
     script = (
         PRELUDE

@@ -97,13 +97,14 @@ def adapter_calls(monkeypatch):
     return calls
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
 @pytest.mark.parametrize(("dtype", "opname"), CASES)
-def test_repeated_calls_take_the_lane_and_agree_with_numpy(no_detail, pg, adapter_calls, dtype, opname):
+def test_repeated_calls_take_the_lane_and_agree_with_numpy(no_detail, pg, adapter_calls, dtype, opname, kind):
     n, rank = dist.get_world_size(), dist.get_rank()
     op = getattr(ReduceOp, opname)
     for salt in range(4):  # the first call learns the lane, the next three take it
         x = inputs(rank, dtype, salt)
-        dist.all_reduce(x, op=op, group=pg)
+        dist.all_reduce(as_kind(x, kind), op=op, group=pg)
         assert np.array_equal(x, reference(opname, dtype, salt, n)), (salt, x)
     (lane,) = all_lanes(pg)
     if pg.engine("cpu").fast_all_reduce_below == 0:  # HPCDIST_SHM=1: every all_reduce is the engine's own
@@ -223,3 +224,198 @@ def test_no_hierarchical_engine_where_no_node_holds_two_ranks(monkeypatch):
     if n >= 3:
         monkeypatch.setattr(WORLD, "node_of", [0] * (n - 1) + [1])
         assert spans_nodes(pg)
+
+
+# ------------------------------------------------------------------ broadcast, all_gather_into_tensor, barrier
+# The same mechanism (collectives._learn, Engine.host_lane / host_barrier_lane): the first blocking call on a
+# group takes the general path, later ones on plain NumPy arrays that pass the per-array checks take the lane.
+
+MOVE_DTYPES = ["float64", "float32", "int64", "int8", "uint16", "complex128", "bool", "float16"]
+KINDS = ["numpy", "torch"]  # CPU tensors take the same lanes, through a NumPy view of their memory
+
+
+def as_kind(arr: np.ndarray, kind: str):
+    """``arr`` as a NumPy array or as a torch CPU tensor sharing its memory (skips without torch)."""
+    if kind == "numpy":
+        return arr
+    torch = pytest.importorskip("torch")
+    return torch.from_numpy(arr)
+
+
+def lane_of(pg, op: str, dtype: str):
+    """The group's lane of ``op`` for ``dtype`` (None: not learned)."""
+    lane = pg._lanes.get(op, {}).get(id(np.dtype(dtype)))
+    return lane
+
+
+def lane_taken(pg, op: str, dtype: str, nbytes: int) -> bool:
+    """Whether a call of ``op`` on ``nbytes`` (the broadcast array, the gathered output) is the lane's."""
+    lane = lane_of(pg, op, dtype)
+    assert lane is not None, f"no {op} lane was learned for {dtype}"
+    return nbytes < lane[2]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", MOVE_DTYPES)
+def test_repeated_broadcasts_take_the_lane_and_deliver_the_roots_array(no_detail, pg, adapter_calls, dtype, kind):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    calls = 0
+    for salt, root in enumerate([0, n - 1, n // 2, 0]):  # the first call learns the lane
+        x = inputs(rank, dtype, salt)
+        assert dist.broadcast(as_kind(x, kind), src=root, group=pg) is None
+        assert np.array_equal(x, inputs(root, dtype, salt)), (salt, root, x)
+        calls += 1
+    taken = lane_taken(pg, "broadcast", dtype, N * np.dtype(dtype).itemsize)
+    assert lane_of(pg, "broadcast", dtype)[1] == dtype
+    # HPCDIST_SHM=1, or an oversubscribed node: shared memory from 0 bytes, so the lane's bound is 0
+    assert len(adapter_calls) == (1 if taken else calls)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", MOVE_DTYPES)
+def test_repeated_all_gathers_take_the_lane_and_agree_with_numpy(no_detail, pg, adapter_calls, dtype, kind):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    for salt in range(4):
+        out = np.zeros(n * N, dtype)
+        assert (
+            dist.all_gather_into_tensor(as_kind(out, kind), as_kind(inputs(rank, dtype, salt), kind), group=pg) is None
+        )
+        want = np.concatenate([inputs(r, dtype, salt) for r in range(n)])
+        assert np.array_equal(out, want), (salt, out)
+    taken = lane_taken(pg, "all_gather_into_tensor", dtype, n * N * np.dtype(dtype).itemsize)
+    assert len(adapter_calls) == (2 if taken else 8)  # the general path adapts the output and the input
+
+
+def test_the_general_path_serves_the_gathers_the_lane_must_not_take(no_detail, pg, adapter_calls):
+    """Views (which may share memory), in-place slots, overlapping inputs, other dtypes and sizes: not the lane."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    want = np.concatenate([inputs(r, "float64", 0) for r in range(n)])
+    dist.all_gather_into_tensor(np.zeros(n * N), inputs(rank, "float64", 0), group=pg)  # learn the lane
+    learned = len(adapter_calls)
+    # the in-place form: the input is this rank's slot of the output (a view)
+    out = np.zeros(n * N)
+    out[rank * N : (rank + 1) * N] = inputs(rank, "float64", 0)
+    dist.all_gather_into_tensor(out, out[rank * N : (rank + 1) * N], group=pg)
+    assert np.array_equal(out, want)
+    # an input overlapping the output, not as its slot (sent from a copy)
+    big = np.zeros(n * N + 1)
+    big[1 : N + 1] = inputs(rank, "float64", 0)
+    dist.all_gather_into_tensor(big[: n * N], big[1 : N + 1], group=pg)
+    assert np.array_equal(big[: n * N], want)
+    # an output that is a reshaped view of a 2-D array (rows per rank)
+    rows = np.zeros((n, N))
+    dist.all_gather_into_tensor(rows.reshape(-1), inputs(rank, "float64", 0), group=pg)
+    assert np.array_equal(rows.reshape(-1), want)
+    # a read-only output: the general path's argument error, before any message moves
+    ro = np.zeros(n * N)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        dist.all_gather_into_tensor(ro, inputs(rank, "float64", 0), group=pg)
+    # a wrong output size: the general path's error too
+    with pytest.raises(ValueError, match="output_tensor must have group size"):
+        dist.all_gather_into_tensor(np.zeros(n * N + 1), inputs(rank, "float64", 0), group=pg)
+    # a dtype mismatch between the arrays
+    with pytest.raises(TypeError, match="dtype"):
+        dist.all_gather_into_tensor(np.zeros(n * N), inputs(rank, "float32", 0), group=pg)
+    assert len(adapter_calls) - learned == 2 * 6
+
+
+def test_lane_calls_are_recorded_as_the_general_path_records_them(no_detail, pg):
+    """The flight recorder's entry of a lane call is the general path's (op, dtype, count, root), completed."""
+    ring = pg._flight
+    if ring is None:
+        pytest.skip("the flight recorder is off (HPCDIST_FLIGHT_RECORDER=0)")
+    n, rank = dist.get_world_size(), dist.get_rank()
+    for _ in range(3):  # the first of each is the general path's
+        dist.broadcast(inputs(rank, "int64", 0), src=n - 1, group=pg)
+    for _ in range(3):
+        dist.all_gather_into_tensor(np.zeros(n * N, np.int32), inputs(rank, "int32", 0), group=pg)
+    for _ in range(3):
+        dist.barrier(group=pg)
+    entries = [e for e in ring.colls if e is not None]
+    got = [e[1:5] for e in entries]
+    assert got == [got[0]] * 3 + [got[3]] * 3 + [got[6]] * 3, got
+    assert got[0] == ["broadcast", "int64", N, n - 1] and got[3] == ["all_gather_into", "int32", N, -1]
+    assert got[6] == ["barrier", None, 0, -1]
+    assert all(e[END] is True for e in entries)
+
+
+def test_the_barrier_lane_is_learned_and_still_waits_for_every_rank(no_detail, pg, monkeypatch):
+    import time
+
+    rank = dist.get_rank()
+    dist.barrier(group=pg)  # the general path, which learns the engine's blocking barrier
+    lane = pg._barrier_lane
+    if not lane:  # the shared-memory engine's barrier path (HPCDIST_SHM=1, an oversubscribed node): no lane
+        assert pg.engine("cpu").path("barrier", 0) == "shm"
+        return
+    asked = []
+    monkeypatch.setattr(pg, "barrier_engine", lambda: asked.append(1) or pytest.fail("the lane was not taken"))
+    for _ in range(3):
+        if rank == 0:
+            time.sleep(0.3)
+        t0 = time.monotonic()
+        dist.barrier(group=pg)
+        waited = time.monotonic() - t0
+        if rank != 0:  # a barrier that did not wait for rank 0 returns in microseconds
+            assert waited > 0.2, waited
+    assert not asked
+
+
+def test_detail_mode_takes_no_broadcast_or_gather_lane(pg, adapter_calls):
+    before = get_debug_level()
+    n, rank = dist.get_world_size(), dist.get_rank()
+    dist.broadcast(inputs(rank, "float64", 0), src=0, group=pg)
+    dist.all_gather_into_tensor(np.zeros(n * N), inputs(rank, "float64", 0), group=pg)
+    first = len(adapter_calls)
+    set_debug_level(DebugLevel.DETAIL)
+    try:
+        x = inputs(rank, "float64", 1)
+        dist.broadcast(x, src=0, group=pg)
+        out = np.zeros(n * N)
+        dist.all_gather_into_tensor(out, inputs(rank, "float64", 1), group=pg)
+    finally:
+        set_debug_level(before)
+    assert np.array_equal(x, inputs(0, "float64", 1))
+    assert np.array_equal(out, np.concatenate([inputs(r, "float64", 1) for r in range(n)]))
+    assert len(adapter_calls) - first == 3  # every DETAIL call is checked on the general path
+
+
+def test_the_general_path_serves_the_tensors_the_lanes_must_not_take(no_detail, pg, adapter_calls):
+    """Tensors torch gives no NumPy view of (grad, bfloat16), subclasses, strided tensors, overlapping gathers:
+    the general path, with its results (or its argument errors)."""
+    torch = pytest.importorskip("torch")
+    n, rank = dist.get_world_size(), dist.get_rank()
+    t = torch.from_numpy(inputs(rank, "float64", 0))
+    dist.all_reduce(t.clone(), group=pg)
+    dist.broadcast(t.clone(), src=0, group=pg)
+    dist.all_gather_into_tensor(torch.zeros(n * N, dtype=torch.float64), t.clone(), group=pg)
+    learned = len(adapter_calls)
+    want_sum = torch.from_numpy(reference("SUM", "float64", 0, n))
+    cases = []
+    grad = t.clone().requires_grad_(True)  # a leaf that requires grad: written in place through a detached view
+    dist.all_reduce(grad, group=pg)
+    cases.append(torch.equal(grad.detach(), want_sum))
+    param = torch.nn.Parameter(t.clone())  # a subclass: the general path
+    dist.broadcast(param, src=n - 1, group=pg)
+    cases.append(torch.equal(param.detach(), torch.from_numpy(inputs(n - 1, "float64", 0))))
+    strided = torch.zeros(2 * N, dtype=torch.float64)[::2]  # not contiguous: a copy, written back
+    strided.copy_(t)
+    dist.all_reduce(strided, group=pg)
+    cases.append(torch.equal(strided, want_sum))
+    bf = t.to(torch.bfloat16)  # torch has no NumPy bfloat16: moved as uint16 by the adapter
+    dist.broadcast(bf, src=0, group=pg)
+    cases.append(torch.equal(bf, torch.from_numpy(inputs(0, "float64", 0)).to(torch.bfloat16)))
+    out = torch.zeros(n * N, dtype=torch.float64)  # the in-place form: the input is this rank's slot
+    out[rank * N : (rank + 1) * N] = t
+    dist.all_gather_into_tensor(out, out[rank * N : (rank + 1) * N], group=pg)
+    want = torch.from_numpy(np.concatenate([inputs(r, "float64", 0) for r in range(n)]))
+    cases.append(torch.equal(out, want))
+    big = torch.zeros(n * N + 1, dtype=torch.float64)  # an input overlapping the output, not as its slot
+    big[1 : N + 1] = t
+    dist.all_gather_into_tensor(big[: n * N], big[1 : N + 1], group=pg)
+    cases.append(torch.equal(big[: n * N], want))
+    assert cases == [True] * 6, cases
+    assert len(adapter_calls) - learned == 1 + 1 + 1 + 1 + 2 + 2  # every one adapted: none took a lane
+    lanes = [lane for lanes in pg._lanes.values() for lane in lanes.values()]
+    assert {lane[1] for lane in lanes} == {"float64"}, "only calls on in-place views of their dtype teach lanes"

@@ -64,6 +64,10 @@ def _reduce_type(arr: np.ndarray) -> Any:
     return mpi_datatype(arr.dtype)
 
 
+#: the operations with a lane (:meth:`MPIEngine.host_lane`): op -> (MPI routine, guard shape of its arguments)
+_LANES = {"broadcast": ("Bcast", "rooted"), "all_gather_into_tensor": ("Allgather", "gather")}
+
+
 class MPIEngine(Engine):
     """Runs the operations of one process group over its MPI communicator.
 
@@ -197,6 +201,28 @@ class MPIEngine(Engine):
         )  # run(arr): fn(IN_PLACE, [arr, mt], op)
         run = WATCHDOG.guard(fn, ("all_reduce", pg), pg._call_domain, pg.busy_error, owner, bound)
         return int(min(self.fast_all_reduce_below, 1 << 62)), run
+
+    def lane_below(self, op: str) -> float:
+        """Where this engine's own path for ``op`` starts (bytes): its lane (:meth:`host_lane`) serves smaller
+        calls. MPI's path has no other: infinity; engines with one for large arrays override it."""
+        return float("inf")
+
+    def host_lane(self, op: str, np_dtype: Any) -> tuple[int, Any] | None:
+        """The MPI routine of ``op`` (:data:`_LANES`) run now under the watchdog's guard, its datatype bound."""
+        spec = _LANES.get(op)
+        bound = self.lane_below(op)
+        if spec is None or bound <= 0:
+            return None
+        routine, shape = spec
+        pg = self.pg
+        start = getattr(self.comm, "I" + routine[0].lower() + routine[1:])
+        fn, owner = self._completion(routine, op, start)
+        typed = (None, mpi_datatype(np_dtype), None)
+        run = WATCHDOG.guard(fn, (op, pg), pg._call_domain, pg.busy_error, owner, typed, shape)
+        return int(min(bound, 1 << 62)), run
+
+    def host_barrier_lane(self) -> Any:
+        return (self._routines.get(("Barrier", "barrier")) or self._resolve("Barrier", "barrier"))[1]
 
     def _all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool) -> Work | None:
         """all_reduce but its blocking fast path (engines with another path for large arrays override it)."""

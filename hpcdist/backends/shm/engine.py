@@ -173,6 +173,12 @@ class ShmEngine(MPIEngine):
         lo, hi = self.windows.get(op, table.NEVER)
         return "shm" if lo <= nbytes < hi and self._seg is not False else "mpi"
 
+    def lane_below(self, op: str) -> float:
+        return self.windows.get(op, table.NEVER)[0]  # below its window an operation takes MPIEngine's path
+
+    def host_barrier_lane(self) -> Any:
+        return None if self.path("barrier", 0) == "shm" else super().host_barrier_lane()
+
     def _use(self, op: str, nbytes: int, kind: int = 0) -> Segment | None:
         lo, hi = self.windows[op]
         if not lo <= nbytes < hi or (nbytes == 0 and op != "barrier"):  # empty: nothing to move, and every
