@@ -148,6 +148,7 @@ def test_concurrent_blocking_calls_on_one_group_are_refused(tmp_path, mode):
         + """
 import threading
 dist.init_process_group("mpi", timeout=timedelta(seconds=60))
+dist.broadcast(np.ones(2), src=0)           # learns the group's broadcast lane: the refused call below is the lane's
 done = []
 if dist.get_rank() == 0:
     t = threading.Thread(target=lambda: done.append(dist.all_reduce(np.ones(4))))

@@ -186,8 +186,9 @@ try:
     dist.all_reduce(x)                 # the segment is out of step: the next call says why, at once
 except dist.DistError as e:
     say(f"LATER {dist.get_rank()} {type(e).__name__}: {e}")
-sys.stdout.flush()
-os._exit(0)
+from mpi4py import MPI
+MPI.COMM_WORLD.Barrier()               # every rank has said its lines: a rank that exits first (no MPI_Finalize)
+os._exit(0)                            # makes mpiexec end the others, which could lose a slower rank's LATER line
 """
     )
     r = run_mpi(
