@@ -13,7 +13,8 @@ It times, on a float64 array of one element (SUM, ``HPCDIST_WAIT=block``):
   take the lane (docs/architecture.md), which skips the adapter, the op
   check and the engine lookup;
 * raw mpi4py ``Allreduce(IN_PLACE, [a, DOUBLE], SUM)`` on a Dup of COMM_WORLD;
-* the whole ``hpcdist.all_reduce`` on the NumPy array and on the torch tensor.
+* the whole ``hpcdist.all_reduce`` on the NumPy array and on the torch tensor
+  (which takes the lane through the NumPy view ``tensor.numpy()`` gives).
 
 Each is the best of ``--rounds`` rounds of ``--iters`` calls (many short
 rounds take most of the noise of a shared machine out). Rank 0 prints a
@@ -35,7 +36,7 @@ from mpi4py import MPI
 
 import hpcdist as dist
 from hpcdist._watchdog import WATCHDOG
-from hpcdist.buffers.adapters import adapt
+from hpcdist.buffers.adapters import adapt, tensor_array
 from hpcdist.buffers.dtypes import mpi_datatype
 from hpcdist.debug import DETAIL
 from hpcdist.group import resolve_group
@@ -107,6 +108,7 @@ def main() -> None:
     ]
     if t is not None:
         steps.insert(2, ("adapt (torch CPU tensor)", lambda: adapt(t, "tensor", True)))
+        steps.append(("lane: a tensor's NumPy view (tensor_array)", lambda: tensor_array(t)))
     rows = [(name, _best(fn, args.iters, args.rounds, raw)) for name, fn in steps]
     raw_ns = _best(lambda: raw.Allreduce(in_place, [a, dt], op), args.iters, args.rounds, raw)
     np_ns = _best(lambda: dist.all_reduce(a, group=pg), args.iters, args.rounds, raw)
