@@ -118,7 +118,9 @@ class Watchdog:
         datatype], op)``). ``shape`` names another way to place the bound
         datatype (:data:`_SHAPES`): ``"rooted"``, ``run(x, root)`` calls
         ``fn([x, spec], root)`` (``Bcast``); ``"gather"``, ``run(out, x)``
-        calls ``fn([x, spec], [out, spec])`` (``Allgather``). It is the whole
+        calls ``fn([x, spec], [out, spec])`` (``Allgather``); ``"scatter"``,
+        ``run(out, x)`` calls ``fn([x, spec], [out, spec], tail)``
+        (``Reduce_scatter_block`` with its op bound). It is the whole
         blocking hot path around an MPI routine (one Python frame, one tuple,
         no clock), so it is built once per (engine, routine).
         """
@@ -197,6 +199,7 @@ _SHAPES = {
     "buffer": ("x", "fn(head, [x, spec], tail)"),
     "rooted": ("x, root", "fn([x, spec], root)"),
     "gather": ("out, x", "fn([x, spec], [out, spec])"),
+    "scatter": ("out, x", "fn([x, spec], [out, spec], tail)"),
 }
 _FACTORIES: dict[str, Any] = {}
 _GUARD_SOURCE = """

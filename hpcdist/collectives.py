@@ -540,23 +540,8 @@ def all_gather_into_tensor(
     plain = not async_op and not DETAIL[0]
     pair = _apart_arrays(output_tensor, input_tensor) if plain else None
     if pair is not None:
-        # a lane (see all_reduce): one dtype object, group size x apart, the output writable, C-contiguous,
-        # aligned (flags.carray) and below the bound, the input C-contiguous
-        out_arr, in_arr = pair
-        lane = pg._gather_lanes.get(id(out_arr.dtype))
-        if (
-            lane is not None
-            and in_arr.dtype is out_arr.dtype
-            and out_arr.nbytes < lane[2]
-            and out_arr.size == in_arr.size * pg._size
-            and out_arr.flags.carray
-            and in_arr.flags.c_contiguous
-        ):
-            fr = pg._flight
-            entry = None if fr is None else fr.coll("all_gather_into", lane[1], in_arr.size, -1)
-            lane[3](out_arr, in_arr)
-            if entry is not None:
-                entry[END] = True
+        out_arr, in_arr = pair  # a lane (see all_reduce), of the output's dtype
+        if _pair_lane(pg, pg._gather_lanes.get(id(out_arr.dtype)), out_arr, in_arr, out_arr, in_arr, "all_gather_into"):
             return None
     inp = adapt(input_tensor, "input_tensor", False)
     out = adapt(output_tensor, "output_tensor", True)
@@ -569,8 +554,33 @@ def all_gather_into_tensor(
     return work
 
 
+def _pair_lane(pg: ProcessGroup, lane: Any, out: np.ndarray, inp: np.ndarray, big: Any, small: Any, desc: str) -> bool:
+    """Run ``lane`` (None: not learned) on an all-gather's or reduce-scatter's ``out`` and ``inp`` (which share no
+    memory: :func:`_apart_arrays`) if they pass its checks, recorded as ``desc``; False: the general path's call.
+
+    The checks: one dtype object; ``big`` (the output of an all-gather, the input of a reduce-scatter) group
+    size x ``small`` and below the lane's bound; the output writable, C-contiguous and aligned (flags.carray),
+    the input C-contiguous.
+    """
+    if (
+        lane is None
+        or inp.dtype is not out.dtype
+        or big.nbytes >= lane[2]
+        or big.size != small.size * pg._size
+        or not out.flags.carray
+        or not inp.flags.c_contiguous
+    ):
+        return False
+    fr = pg._flight
+    entry = None if fr is None else fr.coll(desc, lane[1], small.size, -1)
+    lane[3](out, inp)
+    if entry is not None:
+        entry[END] = True
+    return True
+
+
 def _apart_arrays(output_tensor: Any, input_tensor: Any) -> tuple[np.ndarray, np.ndarray] | None:
-    """NumPy arrays of an all_gather_into_tensor's output and input that share no memory (the lane's case),
+    """NumPy arrays of an all-gather's or reduce-scatter's output and input that share no memory (a lane's case),
     else None: two plain NumPy arrays that own their memory (two such cannot share a byte; views may, and
     the in-place form is one), or views of two plain CPU tensors whose byte ranges do not meet."""
     if type(output_tensor) is _ndarray and type(input_tensor) is _ndarray:
@@ -785,13 +795,31 @@ def reduce_scatter_tensor(
     pg = resolve_group(group, "reduce_scatter_tensor")
     if pg is None:
         return None
+    plain = not async_op and not DETAIL[0]
+    pair = _apart_arrays(output, input) if plain else None
+    if pair is not None:
+        # a lane (see all_reduce and all_gather_into_tensor): this dtype and op passed every check before
+        if op is not SUM and isinstance(op, _NUMBERS) and type(op) is not RedOpType:
+            resolve_op(op, "float64")  # raises: a number hashes like a ReduceOp in the lookup below
+        out_arr, in_arr = pair
+        try:
+            lanes = pg._rs_sum_lanes if op is SUM else pg._lanes.get(("reduce_scatter_tensor", op), _NO_LANES)
+        except TypeError:  # an unhashable op: resolve_op says what is wrong with it
+            lanes = _NO_LANES
+            resolve_op(op, "float64")
+        if _pair_lane(pg, lanes.get(id(out_arr.dtype)), out_arr, in_arr, in_arr, out_arr, "reduce_scatter_tensor"):
+            return None
     out = adapt(output, "output", True)
     inp = adapt(input, "input", False)
     _same(out, inp, "output", "input")
     _group_multiple(pg, inp, "input", out, "output")
     rop = resolve_op(op, out.dtype)
     eng, entry = _engine(pg, out, "reduce_scatter_tensor", sized=True, async_op=async_op)
-    return _done(eng.reduce_scatter_tensor(out, inp, rop, sync=not async_op), async_op, entry)
+    work = _done(eng.reduce_scatter_tensor(out, inp, rop, sync=not async_op), async_op, entry)
+    if plain and rop.direct:
+        lanes = pg._lanes.setdefault(("reduce_scatter_tensor", op), {})
+        _learn(lanes, out, lambda: eng.host_lane("reduce_scatter_tensor", out.arr.dtype, rop))
+    return work
 
 
 def reduce_scatter_single(

@@ -90,6 +90,8 @@ class ProcessGroup:
         # engine's one-call blocking barrier (None: not asked yet; False: the engine has none)
         self._bcast_lanes = self._lanes["broadcast"] = {}
         self._gather_lanes = self._lanes["all_gather_into_tensor"] = {}
+        # ("reduce_scatter_tensor", op) -> the same; SUM's at hand
+        self._rs_sum_lanes = self._lanes[("reduce_scatter_tensor", RedOpType.SUM)] = {}
         self._barrier_lane: Any = None
         self.group_name = group_name
         self.group_desc = group_desc

@@ -2,9 +2,9 @@
 
 Run:  mpiexec -n 2 python examples/benchmarks/bench_small_calls.py [--rounds R] [--iters N] [--gloo]
 
-For ``all_reduce`` (SUM), ``broadcast`` (from rank 0), ``all_gather_into_tensor``
-and ``barrier`` on one float64 element per rank (8 bytes), ``HPCDIST_WAIT=block``,
-it times:
+For ``all_reduce`` (SUM), ``broadcast`` (from rank 0), ``all_gather_into_tensor``,
+``reduce_scatter_tensor`` (SUM) and ``barrier`` on one float64 element per rank
+(8 bytes), ``HPCDIST_WAIT=block``, it times:
 
 * **raw mpi4py**: the MPI routine on a Dup of COMM_WORLD, with the datatype
   given (``[a, MPI.DOUBLE]``), as hpcdist passes it;
@@ -35,27 +35,36 @@ from mpi4py import MPI
 import hpcdist as dist
 from hpcdist._launchenv import free_port
 
-OPS = ["all_reduce", "broadcast", "all_gather_into_tensor", "barrier"]
+OPS = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "barrier"]
 
 
-def raw_calls(raw: Any, a: np.ndarray, out: np.ndarray) -> dict[str, Callable[[], object]]:
+def raw_calls(raw: Any, a: np.ndarray, out: np.ndarray, big: np.ndarray) -> dict[str, Callable[[], object]]:
     d = MPI.DOUBLE
     return {
         "all_reduce": lambda: raw.Allreduce(MPI.IN_PLACE, [a, d], MPI.SUM),
         "broadcast": lambda: raw.Bcast([a, d], 0),
         "all_gather_into_tensor": lambda: raw.Allgather([a, d], [out, d]),
+        "reduce_scatter_tensor": lambda: raw.Reduce_scatter_block([big, d], [a, d], MPI.SUM),
         "barrier": raw.Barrier,
     }
 
 
-def api_calls(api: Any, a: Any, out: Any, group: Any = None) -> dict[str, Callable[[], object]]:
-    """The four calls through ``api`` (hpcdist or torch.distributed), on ``a`` and ``out``."""
+def api_calls(api: Any, a: Any, out: Any, big: Any, group: Any = None) -> dict[str, Callable[[], object]]:
+    """The calls through ``api`` (hpcdist or torch.distributed) on ``a`` (one element), ``out`` (the gathered
+    output) and ``big`` (the scattered input), both group size x ``a``."""
     return {
         "all_reduce": lambda: api.all_reduce(a, group=group),
         "broadcast": lambda: api.broadcast(a, src=0, group=group),
         "all_gather_into_tensor": lambda: api.all_gather_into_tensor(out, a, group=group),
+        "reduce_scatter_tensor": lambda: api.reduce_scatter_tensor(a, big, group=group),
         "barrier": lambda: api.barrier(group=group),
     }
+
+
+def tensors(torch: Any, size: int) -> tuple[Any, Any, Any]:
+    """The torch tensors of :func:`api_calls`: one element, the gathered output, the scattered input."""
+    f64 = torch.float64
+    return torch.ones(1, dtype=f64), torch.zeros(size, dtype=f64), torch.ones(size, dtype=f64)
 
 
 def main() -> None:
@@ -69,26 +78,22 @@ def main() -> None:
     pg = dist.new_group()
     raw = MPI.COMM_WORLD.Dup()
     rank, size = raw.Get_rank(), raw.Get_size()
-    a, out = np.ones(1), np.zeros(size)
+    a, out, big = np.ones(1), np.zeros(size), np.ones(size)
     variants: dict[str, dict[str, Callable[[], object]]] = {
-        "raw": raw_calls(raw, a, out),
-        "numpy": api_calls(dist, a, out, pg),
+        "raw": raw_calls(raw, a, out, big),
+        "numpy": api_calls(dist, a, out, big, pg),
     }
     tdist = None
     try:
         import torch
 
-        variants["torch"] = api_calls(
-            dist, torch.ones(1, dtype=torch.float64), torch.zeros(size, dtype=torch.float64), pg
-        )
+        variants["torch"] = api_calls(dist, *tensors(torch, size), pg)
         if args.gloo:
             import torch.distributed as tdist
 
             port = raw.bcast(free_port("127.0.0.1") if rank == 0 else None, root=0)
             tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
-            variants["gloo"] = api_calls(
-                tdist, torch.ones(1, dtype=torch.float64), torch.zeros(size, dtype=torch.float64)
-            )
+            variants["gloo"] = api_calls(tdist, *tensors(torch, size))
     except ImportError:
         pass
     best = {(v, op): float("inf") for v in variants for op in OPS}

@@ -101,18 +101,21 @@ class Engine(ABC):
         """
         return None
 
-    def host_lane(self, op: str, np_dtype: Any) -> tuple[int, Callable[..., None]] | None:
+    def host_lane(
+        self, op: str, np_dtype: Any, rop: ResolvedOp | None = None
+    ) -> tuple[int, Callable[..., None]] | None:
         """The engine's one-call path for blocking ``op`` on small host NumPy arrays of ``np_dtype``, or None.
 
-        ``op`` is ``"broadcast"`` (``run(array, root)``: ``root`` a group rank)
-        or ``"all_gather_into_tensor"`` (``run(output, input)``). Returns
-        ``(max_bytes, run)``: ``run`` does exactly what the engine's method
-        would with ``sync=True`` on C-contiguous NumPy arrays of fewer than
-        ``max_bytes`` bytes (the broadcast array, the gathered output) that
-        the caller checked: writable where written, of ``np_dtype``, the
-        right sizes, not sharing memory. :mod:`hpcdist.collectives` keeps it
-        per (group, op, dtype), as all_reduce's :meth:`host_all_reduce_lane`.
-        The default is None: no lane.
+        ``op`` is ``"broadcast"`` (``run(array, root)``: ``root`` a group rank),
+        ``"all_gather_into_tensor"`` (``run(output, input)``) or
+        ``"reduce_scatter_tensor"`` (``run(output, input)``, reducing with
+        ``rop``). Returns ``(max_bytes, run)``: ``run`` does exactly what the
+        engine's method would with ``sync=True`` on C-contiguous NumPy arrays
+        of fewer than ``max_bytes`` bytes (the broadcast array, the gathered
+        output, the scattered input) that the caller checked: writable where
+        written, of ``np_dtype``, the right sizes, not sharing memory.
+        :mod:`hpcdist.collectives` keeps it per (group, op, dtype), as
+        all_reduce's :meth:`host_all_reduce_lane`. The default is None: no lane.
         """
         return None
 

@@ -76,6 +76,10 @@ LANE_CALLS = {
         "all_gather_into_tensor",
     ),
     "barrier": ("dist.barrier()", "barrier"),
+    "reduce_scatter_tensor": (
+        "dist.reduce_scatter_tensor(np.zeros(4), np.ones(8))",
+        "reduce_scatter_tensor",
+    ),
 }
 LANE_SCRIPT = """
 from hpcdist.group import default_pg

@@ -286,6 +286,84 @@ def test_repeated_all_gathers_take_the_lane_and_agree_with_numpy(no_detail, pg, 
     assert len(adapter_calls) == (2 if taken else 8)  # the general path adapts the output and the input
 
 
+RS_CASES = [("float64", "SUM"), ("float32", "MAX"), ("int64", "BXOR"), ("int8", "SUM"), ("bool", "PRODUCT")]
+
+
+def rs_input(rank: int, dtype: str, salt: int, n: int) -> np.ndarray:
+    """This rank's reduce_scatter input: ``n`` chunks of ``N``."""
+    return np.concatenate([inputs(rank, dtype, salt + 7 * chunk) for chunk in range(n)])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("dtype", "opname"), RS_CASES)
+def test_repeated_reduce_scatters_take_the_lane_and_agree_with_numpy(no_detail, pg, adapter_calls, dtype, opname, kind):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    op = getattr(ReduceOp, opname)
+    for salt in range(4):
+        out = np.zeros(N, dtype)
+        assert (
+            dist.reduce_scatter_tensor(
+                as_kind(out, kind), as_kind(rs_input(rank, dtype, salt, n), kind), op=op, group=pg
+            )
+            is None
+        )
+        stack = np.stack([rs_input(r, dtype, salt, n) for r in range(n)])[:, rank * N : (rank + 1) * N]
+        if dtype == "bool":
+            want = stack.all(0)
+        else:
+            ufunc = {"SUM": np.add, "MAX": np.maximum, "BXOR": np.bitwise_xor}[opname]
+            want = ufunc.reduce(stack, axis=0).astype(dtype)
+        assert np.array_equal(out, want), (salt, out, want)
+    lane = pg._lanes[("reduce_scatter_tensor", op)][id(np.dtype(dtype))]
+    taken = n * N * np.dtype(dtype).itemsize < lane[2]
+    assert len(adapter_calls) == (2 if taken else 8)
+
+
+@pytest.mark.parametrize(("dtype", "opname"), [("float16", "SUM"), ("float64", "AVG"), ("int32", "AVG")])
+def test_reduce_scatters_mpi_cannot_compute_alone_have_no_lane_and_stay_exact(
+    no_detail, pg, adapter_calls, dtype, opname
+):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    op = getattr(ReduceOp, opname)
+    for salt in range(3):
+        out = np.zeros(N, dtype)
+        dist.reduce_scatter_tensor(out, rs_input(rank, dtype, salt, n), op=op, group=pg)
+        stack = np.stack([rs_input(r, dtype, salt, n) for r in range(n)]).astype(np.float64)
+        total = stack.sum(0)[rank * N : (rank + 1) * N]
+        want = total if opname == "SUM" else (total.astype(np.int64) // n if dtype == "int32" else total / n)
+        assert np.array_equal(out, want.astype(dtype)), (salt, out, want)
+    assert len(adapter_calls) == 6, "every call goes through the general path"
+    assert ("reduce_scatter_tensor", op) not in pg._lanes or not pg._lanes[("reduce_scatter_tensor", op)]
+
+
+def test_the_general_path_serves_the_reduce_scatters_the_lane_must_not_take(no_detail, pg, adapter_calls):
+    """The in-place form (the output is this rank's chunk of the input), views, overlapping tensors, bad sizes."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    want = np.stack([rs_input(r, "float64", 0, n) for r in range(n)]).sum(0)[rank * N : (rank + 1) * N]
+    dist.reduce_scatter_tensor(np.zeros(N), rs_input(rank, "float64", 0, n), group=pg)  # learn the lane
+    learned = len(adapter_calls)
+    inp = rs_input(rank, "float64", 0, n)
+    dist.reduce_scatter_tensor(inp[rank * N : (rank + 1) * N], inp, group=pg)  # FSDP's in-place form
+    assert np.array_equal(inp[rank * N : (rank + 1) * N], want)
+    rows = rs_input(rank, "float64", 0, n).reshape(n, N)  # an input that is a view (reshape)
+    out = np.zeros(N)
+    dist.reduce_scatter_tensor(out, rows.reshape(-1), group=pg)
+    assert np.array_equal(out, want)
+    with pytest.raises(ValueError, match="input must have group size"):
+        dist.reduce_scatter_tensor(np.zeros(N), np.zeros(n * N + 1), group=pg)
+    calls = 2 * 3
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        t = torch.from_numpy(rs_input(rank, "float64", 0, n))
+        dist.reduce_scatter_tensor(t[rank * N : (rank + 1) * N], t, group=pg)  # tensors whose memory overlaps
+        assert np.array_equal(t[rank * N : (rank + 1) * N].numpy(), want)
+        calls += 2
+    assert len(adapter_calls) - learned == calls
+
+
 def test_the_general_path_serves_the_gathers_the_lane_must_not_take(no_detail, pg, adapter_calls):
     """Views (which may share memory), in-place slots, overlapping inputs, other dtypes and sizes: not the lane."""
     n, rank = dist.get_world_size(), dist.get_rank()
@@ -332,11 +410,13 @@ def test_lane_calls_are_recorded_as_the_general_path_records_them(no_detail, pg)
         dist.all_gather_into_tensor(np.zeros(n * N, np.int32), inputs(rank, "int32", 0), group=pg)
     for _ in range(3):
         dist.barrier(group=pg)
+    for _ in range(3):
+        dist.reduce_scatter_tensor(np.zeros(N), np.ones(n * N), group=pg)
     entries = [e for e in ring.colls if e is not None]
     got = [e[1:5] for e in entries]
-    assert got == [got[0]] * 3 + [got[3]] * 3 + [got[6]] * 3, got
+    assert got == [got[0]] * 3 + [got[3]] * 3 + [got[6]] * 3 + [got[9]] * 3, got
     assert got[0] == ["broadcast", "int64", N, n - 1] and got[3] == ["all_gather_into", "int32", N, -1]
-    assert got[6] == ["barrier", None, 0, -1]
+    assert got[6] == ["barrier", None, 0, -1] and got[9] == ["reduce_scatter_tensor", "float64", N, -1]
     assert all(e[END] is True for e in entries)
 
 

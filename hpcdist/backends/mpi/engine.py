@@ -64,8 +64,13 @@ def _reduce_type(arr: np.ndarray) -> Any:
     return mpi_datatype(arr.dtype)
 
 
-#: the operations with a lane (:meth:`MPIEngine.host_lane`): op -> (MPI routine, guard shape of its arguments)
-_LANES = {"broadcast": ("Bcast", "rooted"), "all_gather_into_tensor": ("Allgather", "gather")}
+#: the operations with a lane (:meth:`MPIEngine.host_lane`): op -> (MPI routine, guard shape of its arguments,
+#: whether it reduces: then only with an op MPI computes on the array itself, bound as the routine's last argument)
+_LANES = {
+    "broadcast": ("Bcast", "rooted", False),
+    "all_gather_into_tensor": ("Allgather", "gather", False),
+    "reduce_scatter_tensor": ("Reduce_scatter_block", "scatter", True),
+}
 
 
 class MPIEngine(Engine):
@@ -207,17 +212,19 @@ class MPIEngine(Engine):
         calls. MPI's path has no other: infinity; engines with one for large arrays override it."""
         return float("inf")
 
-    def host_lane(self, op: str, np_dtype: Any) -> tuple[int, Any] | None:
-        """The MPI routine of ``op`` (:data:`_LANES`) run now under the watchdog's guard, its datatype bound."""
+    def host_lane(self, op: str, np_dtype: Any, rop: ResolvedOp | None = None) -> tuple[int, Any] | None:
+        """The MPI routine of ``op`` (:data:`_LANES`) run now under the watchdog's guard, its datatype (and op) bound."""
         spec = _LANES.get(op)
         bound = self.lane_below(op)
         if spec is None or bound <= 0:
             return None
-        routine, shape = spec
+        routine, shape, reduces = spec
+        if reduces and (rop is None or not rop.direct):  # AVG, PREMUL_SUM, half floats: steps around the call
+            return None
         pg = self.pg
         start = getattr(self.comm, "I" + routine[0].lower() + routine[1:])
         fn, owner = self._completion(routine, op, start)
-        typed = (None, mpi_datatype(np_dtype), None)
+        typed = (None, mpi_datatype(np_dtype), _mpi_op(rop.mpi_name) if reduces and rop is not None else None)
         run = WATCHDOG.guard(fn, (op, pg), pg._call_domain, pg.busy_error, owner, typed, shape)
         return int(min(bound, 1 << 62)), run
 
