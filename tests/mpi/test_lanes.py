@@ -67,9 +67,13 @@ def all_lanes(pg) -> list:
     return [lane for by_dtype in pg._lanes.values() for lane in by_dtype.values()]
 
 
-@pytest.fixture
-def pg():
-    """A fresh group of every rank (no lanes yet), destroyed after the test."""
+@pytest.fixture(params=["default", "mpi-engine"])
+def pg(request, monkeypatch):
+    """A fresh group of every rank (no lanes yet), destroyed after the test: with the engine this run picks
+    (shared memory at every size on an oversubscribed node, so no lane), and with MPI's engine alone
+    (``HPCDIST_SHM=0``), whose lanes serve every size, so that they run at 3 and 4 ranks on 2 cores too."""
+    if request.param == "mpi-engine":
+        monkeypatch.setenv("HPCDIST_SHM", "0")  # read when the group builds its engine, at its first call
     g = dist.new_group()
     yield g
     if not g._destroyed:
@@ -135,7 +139,9 @@ def test_the_general_path_serves_what_the_lane_must_not_take(no_detail, pg, adap
     dist.all_reduce(inputs(rank, "float64", 0), group=pg)  # learn the lane
     (lane,) = all_lanes(pg)
     if lane[2] == 0:
-        pytest.skip("this group's engine has no lane (HPCDIST_SHM=1)")
+        pytest.skip(
+            "this group's engine has no lane (shared memory at every size: HPCDIST_SHM=1 or an oversubscribed node)"
+        )
     # a strided view: not C-contiguous
     base = np.zeros(2 * N)
     base[::2] = inputs(rank, "float64", 1)
