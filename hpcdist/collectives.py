@@ -235,10 +235,7 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
     if not async_op and not DETAIL[0]:
         arr = tensor if type(tensor) is _ndarray else tensor_array(tensor)
         if arr is not None:
-            try:
-                lane = (pg._sum_lanes if op is SUM else pg._lanes.get(op, _NO_LANES)).get(id(arr.dtype))
-            except TypeError:  # an unhashable op: resolve_op says what is wrong with it
-                resolve_op(op, "float64")
+            lane = (pg._sum_lanes if op is SUM else _op_lanes(pg._lanes, op)).get(id(arr.dtype))
             # a lane: this dtype and op passed every check before, and the engine runs such calls in one step;
             # the array must be small enough, C-contiguous, aligned and writable (flags.carray)
             if lane is not None and arr.nbytes < lane[2] and arr.flags.carray:
@@ -301,6 +298,21 @@ def all_reduce_start(pg: ProcessGroup, eng: Any, buf: Buf, rop: Any) -> Work:
 
 #: no lane for this op yet
 _NO_LANES: dict[int, Any] = {}
+
+
+def _op_lanes(by_op: dict[Any, dict[int, Any]], op: Any) -> dict[int, Any]:
+    """``op``'s lanes in ``by_op`` (a group's all_reduce or reduce_scatter_tensor lanes; none learned: empty).
+
+    An op that is a plain number (which hashes like a ReduceOp: True == AVG) or unhashable gets resolve_op's
+    error here, as the general path would give it.
+    """
+    if isinstance(op, _NUMBERS) and type(op) is not RedOpType:
+        resolve_op(op, "float64")  # raises
+    try:
+        return by_op.get(op, _NO_LANES)
+    except TypeError:  # unhashable: resolve_op says what is wrong with it
+        resolve_op(op, "float64")
+        return _NO_LANES
 
 
 def _learn(lanes: dict[int, Any], buf: Buf, make: Any) -> None:
@@ -799,14 +811,8 @@ def reduce_scatter_tensor(
     pair = _apart_arrays(output, input) if plain else None
     if pair is not None:
         # a lane (see all_reduce and all_gather_into_tensor): this dtype and op passed every check before
-        if op is not SUM and isinstance(op, _NUMBERS) and type(op) is not RedOpType:
-            resolve_op(op, "float64")  # raises: a number hashes like a ReduceOp in the lookup below
         out_arr, in_arr = pair
-        try:
-            lanes = pg._rs_sum_lanes if op is SUM else pg._lanes.get(("reduce_scatter_tensor", op), _NO_LANES)
-        except TypeError:  # an unhashable op: resolve_op says what is wrong with it
-            lanes = _NO_LANES
-            resolve_op(op, "float64")
+        lanes = pg._rs_sum_lanes if op is SUM else _op_lanes(pg._rs_lanes, op)
         if _pair_lane(pg, lanes.get(id(out_arr.dtype)), out_arr, in_arr, in_arr, out_arr, "reduce_scatter_tensor"):
             return None
     out = adapt(output, "output", True)
@@ -817,8 +823,7 @@ def reduce_scatter_tensor(
     eng, entry = _engine(pg, out, "reduce_scatter_tensor", sized=True, async_op=async_op)
     work = _done(eng.reduce_scatter_tensor(out, inp, rop, sync=not async_op), async_op, entry)
     if plain and rop.direct:
-        lanes = pg._lanes.setdefault(("reduce_scatter_tensor", op), {})
-        _learn(lanes, out, lambda: eng.host_lane("reduce_scatter_tensor", out.arr.dtype, rop))
+        _learn(pg._rs_lanes.setdefault(op, {}), out, lambda: eng.host_lane("reduce_scatter_tensor", out.arr.dtype, rop))
     return work
 
 

@@ -82,16 +82,16 @@ class ProcessGroup:
         self._backend_map = backend
         self._backend_str = backend_str
         self._engines: dict[str, Engine] = {}
-        # op -> id(NumPy dtype) -> (dtype, dtype name, max bytes, run): hpcdist.all_reduce's lanes
-        # (collectives._learn_lane); SUM's, the most common, also at hand as _sum_lanes
+        # the lanes of small blocking calls (collectives._learn): id(NumPy dtype) -> (dtype, dtype name, max bytes,
+        # run). hpcdist.all_reduce's and reduce_scatter_tensor's by op (SUM's, the most common, also at hand),
+        # broadcast's and all_gather_into_tensor's; and the engine's one-call blocking barrier (None: not asked
+        # yet; False: the engine has none)
         self._lanes: dict[Any, dict[int, tuple[Any, str, int, Any]]] = {}
         self._sum_lanes = self._lanes[RedOpType.SUM] = {}
-        # "broadcast" / "all_gather_into_tensor" -> id(NumPy dtype) -> the same (collectives._learn), and the
-        # engine's one-call blocking barrier (None: not asked yet; False: the engine has none)
-        self._bcast_lanes = self._lanes["broadcast"] = {}
-        self._gather_lanes = self._lanes["all_gather_into_tensor"] = {}
-        # ("reduce_scatter_tensor", op) -> the same; SUM's at hand
-        self._rs_sum_lanes = self._lanes[("reduce_scatter_tensor", RedOpType.SUM)] = {}
+        self._rs_lanes: dict[Any, dict[int, tuple[Any, str, int, Any]]] = {}
+        self._rs_sum_lanes = self._rs_lanes[RedOpType.SUM] = {}
+        self._bcast_lanes: dict[int, tuple[Any, str, int, Any]] = {}
+        self._gather_lanes: dict[int, tuple[Any, str, int, Any]] = {}
         self._barrier_lane: Any = None
         self.group_name = group_name
         self.group_desc = group_desc
@@ -178,9 +178,13 @@ class ProcessGroup:
             "one thread, or give each thread a group of its own (new_group)"
         )
 
+    def _lane_tables(self) -> list[dict[int, tuple[Any, str, int, Any]]]:
+        """Every table of lanes (by dtype) the group keeps, of every operation and op."""
+        return [*self._lanes.values(), *self._rs_lanes.values(), self._bcast_lanes, self._gather_lanes]
+
     def _drop_lanes(self, barrier: Any = None) -> None:
         """Forget the group's lanes: later calls learn them again (``barrier=False``: the barrier's never)."""
-        for lanes in self._lanes.values():
+        for lanes in self._lane_tables():
             lanes.clear()
         self._barrier_lane = barrier
 

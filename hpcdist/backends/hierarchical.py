@@ -198,8 +198,8 @@ class HierarchicalEngine(MPIEngine):
         self.min_bytes = config.hierarchical_min_bytes()
         self.algorithm = config.hierarchical_algorithm()
         self._topo: NodeTopology | None = None
-        if self.min_bytes is not None:  # all_reduce's lane and fast path stop where the hierarchical path starts
-            self.fast_all_reduce_below = min(self.fast_all_reduce_below, self.min_bytes)
+        # all_reduce's lane and fast path stop where the hierarchical path starts
+        self.fast_all_reduce_below = min(self.fast_all_reduce_below, self.lane_below("all_reduce"))
 
     def lane_below(self, op: str) -> float:
         return float("inf") if self.min_bytes is None else self.min_bytes  # where the node steps start

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import dtype_info, supported
+from .dtypes import EXPECTED, dtype_info, supported
 
 __all__ = [
     "TORCH_DEVICE_ADAPTERS",
@@ -192,7 +192,7 @@ def adapt_list(objs: Any, argname: str, write: bool) -> list[Buf]:
 # ---------------------------------------------------------------- NumPy (host)
 
 
-_EXPECTED = "expected bool, (u)int8-64, float16/32/64, longdouble, bfloat16 or complex64/128"
+_EXPECTED = f"expected {EXPECTED}"
 
 
 def _check_dtype(arr: np.ndarray, argname: str) -> None:

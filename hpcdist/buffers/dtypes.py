@@ -12,7 +12,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HALF_DTYPES", "dtype_info", "mpi_datatype", "supported"]
+__all__ = ["EXPECTED", "HALF_DTYPES", "dtype_info", "mpi_datatype", "supported"]
+
+#: the host dtypes hpcdist communicates, as errors name them
+EXPECTED = "bool, (u)int8-64, float16/32/64, longdouble, bfloat16 or complex64/128"
 
 #: logical dtypes that MPI cannot reduce natively
 HALF_DTYPES = frozenset({"float16", "bfloat16"})
@@ -69,9 +72,7 @@ def mpi_datatype(dtype: np.dtype) -> Any:
     """The MPI datatype that moves (and, except half floats, reduces) ``dtype``."""
     info = dtype_info(dtype)
     if info is None:
-        raise TypeError(
-            f"dtype {dtype} has no MPI datatype: use bool, (u)int8-64, float16/32/64, longdouble, bfloat16, complex64/128"
-        )
+        raise TypeError(f"dtype {dtype} has no MPI datatype: use {EXPECTED}")
     return info[1]
 
 

@@ -88,7 +88,7 @@ pg = default_pg()
 for op in OPS:
     call = CALLS[op]
     exec(call)
-    lanes = [lane for lanes in pg._lanes.values() for lane in lanes.values() if lane[2] > 4 * 8]
+    lanes = [lane for lanes in pg._lane_tables() for lane in lanes.values() if lane[2] > 4 * 8]
     say("LANE", op, bool(lanes or pg._barrier_lane))
     if dist.get_rank() == 0:
         t0 = time.monotonic()

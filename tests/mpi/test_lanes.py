@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from mpi_arrays import KINDS, need, torch
 
 import hpcdist as dist
 from hpcdist import ReduceOp
@@ -64,7 +65,7 @@ def reference(opname: str, dtype: str, salt: int, n: int) -> np.ndarray:
 
 def all_lanes(pg) -> list:
     """Every lane the group keeps, of every op and dtype."""
-    return [lane for by_dtype in pg._lanes.values() for lane in by_dtype.values()]
+    return [lane for by_dtype in pg._lane_tables() for lane in by_dtype.values()]
 
 
 @pytest.fixture(params=["default", "mpi-engine"])
@@ -237,21 +238,19 @@ def test_no_hierarchical_engine_where_no_node_holds_two_ranks(monkeypatch):
 # group takes the general path, later ones on plain NumPy arrays that pass the per-array checks take the lane.
 
 MOVE_DTYPES = ["float64", "float32", "int64", "int8", "uint16", "complex128", "bool", "float16"]
-KINDS = ["numpy", "torch"]  # CPU tensors take the same lanes, through a NumPy view of their memory
 
 
 def as_kind(arr: np.ndarray, kind: str):
-    """``arr`` as a NumPy array or as a torch CPU tensor sharing its memory (skips without torch)."""
-    if kind == "numpy":
-        return arr
-    torch = pytest.importorskip("torch")
-    return torch.from_numpy(arr)
+    """``arr`` as a NumPy array or as a torch CPU tensor sharing its memory (CPU tensors take the same lanes,
+    through a NumPy view of their memory; skips without torch)."""
+    need(kind)
+    return arr if kind == "numpy" else torch.from_numpy(arr)
 
 
 def lane_of(pg, op: str, dtype: str):
-    """The group's lane of ``op`` for ``dtype`` (None: not learned)."""
-    lane = pg._lanes.get(op, {}).get(id(np.dtype(dtype)))
-    return lane
+    """The group's lane of ``op`` (broadcast, all_gather_into_tensor) for ``dtype`` (None: not learned)."""
+    lanes = {"broadcast": pg._bcast_lanes, "all_gather_into_tensor": pg._gather_lanes}[op]
+    return lanes.get(id(np.dtype(dtype)))
 
 
 def lane_taken(pg, op: str, dtype: str, nbytes: int) -> bool:
@@ -320,7 +319,7 @@ def test_repeated_reduce_scatters_take_the_lane_and_agree_with_numpy(no_detail, 
             ufunc = {"SUM": np.add, "MAX": np.maximum, "BXOR": np.bitwise_xor}[opname]
             want = ufunc.reduce(stack, axis=0).astype(dtype)
         assert np.array_equal(out, want), (salt, out, want)
-    lane = pg._lanes[("reduce_scatter_tensor", op)][id(np.dtype(dtype))]
+    lane = pg._rs_lanes[op][id(np.dtype(dtype))]
     taken = n * N * np.dtype(dtype).itemsize < lane[2]
     assert len(adapter_calls) == (2 if taken else 8)
 
@@ -339,7 +338,7 @@ def test_reduce_scatters_mpi_cannot_compute_alone_have_no_lane_and_stay_exact(
         want = total if opname == "SUM" else (total.astype(np.int64) // n if dtype == "int32" else total / n)
         assert np.array_equal(out, want.astype(dtype)), (salt, out, want)
     assert len(adapter_calls) == 6, "every call goes through the general path"
-    assert ("reduce_scatter_tensor", op) not in pg._lanes or not pg._lanes[("reduce_scatter_tensor", op)]
+    assert not pg._rs_lanes.get(op)
 
 
 def test_the_general_path_serves_the_reduce_scatters_the_lane_must_not_take(no_detail, pg, adapter_calls):
@@ -358,10 +357,6 @@ def test_the_general_path_serves_the_reduce_scatters_the_lane_must_not_take(no_d
     with pytest.raises(ValueError, match="input must have group size"):
         dist.reduce_scatter_tensor(np.zeros(N), np.zeros(n * N + 1), group=pg)
     calls = 2 * 3
-    try:
-        import torch
-    except ImportError:
-        torch = None
     if torch is not None:
         t = torch.from_numpy(rs_input(rank, "float64", 0, n))
         dist.reduce_scatter_tensor(t[rank * N : (rank + 1) * N], t, group=pg)  # tensors whose memory overlaps
@@ -470,7 +465,7 @@ def test_detail_mode_takes_no_broadcast_or_gather_lane(pg, adapter_calls):
 def test_the_general_path_serves_the_tensors_the_lanes_must_not_take(no_detail, pg, adapter_calls):
     """Tensors torch gives no NumPy view of (grad, bfloat16), subclasses, strided tensors, overlapping gathers:
     the general path, with its results (or its argument errors)."""
-    torch = pytest.importorskip("torch")
+    need("torch")
     n, rank = dist.get_world_size(), dist.get_rank()
     t = torch.from_numpy(inputs(rank, "float64", 0))
     dist.all_reduce(t.clone(), group=pg)
@@ -503,5 +498,20 @@ def test_the_general_path_serves_the_tensors_the_lanes_must_not_take(no_detail, 
     cases.append(torch.equal(big[: n * N], want))
     assert cases == [True] * 6, cases
     assert len(adapter_calls) - learned == 1 + 1 + 1 + 1 + 2 + 2  # every one adapted: none took a lane
-    lanes = [lane for lanes in pg._lanes.values() for lane in lanes.values()]
-    assert {lane[1] for lane in lanes} == {"float64"}, "only calls on in-place views of their dtype teach lanes"
+    assert {lane[1] for lane in all_lanes(pg)} == {"float64"}, "only calls on in-place views of their dtype teach lanes"
+
+
+@pytest.mark.parametrize("op", ["broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"])
+def test_an_op_that_is_no_reduce_op_gets_the_op_error_not_another_operations_lane(no_detail, pg, op):
+    """The lanes of every operation are learned; an all_reduce or reduce_scatter_tensor op that happens to be
+    another table's key (an operation's name) is refused by the op check, as on the general path."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    x = inputs(rank, "float64", 0)
+    dist.broadcast(x, src=0, group=pg)
+    dist.all_gather_into_tensor(np.zeros(n * N), inputs(rank, "float64", 0), group=pg)
+    dist.reduce_scatter_tensor(np.zeros(N), np.ones(n * N), group=pg)
+    dist.all_reduce(x, group=pg)
+    with pytest.raises(TypeError, match="op must be a ReduceOp"):
+        dist.all_reduce(x, op=op, group=pg)
+    with pytest.raises(TypeError, match="op must be a ReduceOp"):
+        dist.reduce_scatter_tensor(np.zeros(N), np.ones(n * N), op=op, group=pg)

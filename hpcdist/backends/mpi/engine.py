@@ -208,8 +208,9 @@ class MPIEngine(Engine):
         return int(min(self.fast_all_reduce_below, 1 << 62)), run
 
     def lane_below(self, op: str) -> float:
-        """Where this engine's own path for ``op`` starts (bytes): its lane (:meth:`host_lane`) serves smaller
-        calls. MPI's path has no other: infinity; engines with one for large arrays override it."""
+        """Where this engine's own path for ``op`` starts (bytes): its lanes (:meth:`host_lane`, and
+        all_reduce's through ``fast_all_reduce_below``) serve smaller calls. MPI's path has no other:
+        infinity; engines with one for large arrays override it."""
         return float("inf")
 
     def host_lane(self, op: str, np_dtype: Any, rop: ResolvedOp | None = None) -> tuple[int, Any] | None:

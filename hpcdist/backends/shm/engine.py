@@ -155,7 +155,7 @@ class ShmEngine(MPIEngine):
         self.windows = {op: table.window(op, pg._size, mode, self.oversubscribed) for op in table.OPS}
         self._ar_lo, self._ar_hi = self.windows["all_reduce"]
         # smaller blocking calls take MPIEngine's fast path untouched
-        self.fast_all_reduce_below = min(self.fast_all_reduce_below, self._ar_lo)
+        self.fast_all_reduce_below = min(self.fast_all_reduce_below, self.lane_below("all_reduce"))
         self._seg: Segment | bool | None = None  # None: not set up; False: the group spans nodes
         self._setup_timed_out = False  # the segment's setup outlived the group's timeout: refuse, do not retry
         self.direct_allowed = config.shm_direct()

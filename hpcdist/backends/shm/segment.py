@@ -315,16 +315,6 @@ class Segment:
         what = f" ({self.kind_name(kind)})" if kind else ""
         return f"{name}{size}{what} as its shared-memory operation #{seq}"
 
-    def guarded_sync(self) -> None:
-        """:meth:`sync` as a whole operation (a barrier): marked as :func:`interruptible` marks one."""
-        try:
-            self.sync()
-        except DistError:
-            raise
-        except BaseException as exc:
-            self.interrupted(exc)
-            raise
-
     def interrupted(self, exc: BaseException) -> None:
         """An exception other than hpcdist's own escaped an operation begun on this segment: its counters are
         mid-operation on this rank, so the segment refuses reuse (see :func:`interruptible`)."""
@@ -353,6 +343,9 @@ class Segment:
         if tag is not None:
             self._tag = None
             self._check_tags(tag)
+
+    #: :meth:`sync` as a whole operation (the barrier), guarded as the algorithms are (:func:`interruptible`)
+    guarded_sync = interruptible(sync)
 
     def _wait(self, pos: int, step: int) -> None:
         ctrl = self._ctrl
