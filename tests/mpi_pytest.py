@@ -4,16 +4,72 @@ Rank 0 prints to the terminal; every other rank writes to a log file that is
 shown (on the terminal) only when that rank failed. The exit code is the worst
 over all ranks. ``--junitxml=PATH`` is honoured by rank 0 only; a failure on
 another rank shows through the exit code.
+
+Every test has a deadline (``HPCDIST_TEST_DEADLINE`` seconds, default 300; 0
+turns it off). A rank whose test runs past it writes, on the terminal, the
+test's name, the tail of its own log and the stack of every thread, then ends
+the job (exit status 3): a hung test names itself within minutes instead of
+eating its stage's whole time limit in silence.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 import tempfile
+import threading
+import time
+import traceback
 
 import pytest
 from mpi4py import MPI
+
+#: seconds a rank waits after its report before ending the job, so a peer stuck in the same place reports too
+GRACE = 10.0
+
+
+class Deadline:
+    """A pytest plugin: one timer per test, on one rank; see the module docstring."""
+
+    def __init__(self, seconds: float, rank: int, size: int, terminal: int, log: str | None) -> None:
+        self.seconds, self.rank, self.size = seconds, rank, size
+        self.terminal, self.log = terminal, log
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        timer = threading.Timer(self.seconds, self.report, args=(item,))
+        timer.daemon = True
+        timer.start()
+        # the backstop, for a thread that holds the GIL in C code and never lets the timer run
+        faulthandler.dump_traceback_later(self.seconds + 2 * GRACE, exit=True, file=self.terminal)
+        try:
+            yield
+        finally:
+            timer.cancel()
+            faulthandler.cancel_dump_traceback_later()
+
+    def report(self, item: pytest.Item) -> None:
+        head = f"rank {self.rank} of {self.size}: {item.nodeid} still running after {self.seconds:.0f}s"
+        lines = [f"\n===== {head} =====\n"]
+        if self.log is not None:
+            with open(self.log, "rb") as fh:
+                tail = fh.read()[-4000:].decode(errors="replace")
+            lines.append(f"----- rank {self.rank}: the end of its log -----\n{tail}\n")
+        capture = item.config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:  # what the test printed so far (pytest holds it until the test ends)
+            printed = "".join(capture.read_global_capture())[-4000:]
+            lines.append(f"----- rank {self.rank}: the test's output so far -----\n{printed}\n")
+        frames = sys._current_frames()
+        for thread in threading.enumerate():
+            frame = frames.get(thread.ident or -1)
+            if frame is not None and thread is not threading.current_thread():
+                lines.append(f"----- rank {self.rank}: thread {thread.name} -----\n")
+                lines.extend(traceback.format_stack(frame))
+        lines.append(f"===== rank {self.rank}: ending the job (exit status 3) =====\n")
+        os.write(self.terminal, "".join(lines).encode())
+        time.sleep(GRACE)
+        os._exit(3)
 
 
 def main() -> int:
@@ -28,7 +84,13 @@ def main() -> int:
         terminal = os.dup(2)
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
-    rc = int(pytest.main(args))
+    plugins = []
+    seconds = float(os.environ.get("HPCDIST_TEST_DEADLINE", "300"))
+    if seconds > 0:
+        # the terminal as it is now: pytest's capture takes fd 2 of rank 0 while a test runs
+        out = os.dup(2) if terminal is None else terminal
+        plugins.append(Deadline(seconds, rank, size, out, log and log.name))
+    rc = int(pytest.main(args, plugins=plugins))
     if rc == 5:  # no tests collected is not a failure here
         rc = 0
     codes = comm.allgather(rc)
