@@ -120,7 +120,10 @@ class Watchdog:
         ``fn([x, spec], root)`` (``Bcast``); ``"gather"``, ``run(out, x)``
         calls ``fn([x, spec], [out, spec])`` (``Allgather``); ``"scatter"``,
         ``run(out, x)`` calls ``fn([x, spec], [out, spec], tail)``
-        (``Reduce_scatter_block`` with its op bound). It is the whole
+        (``Reduce_scatter_block`` with its op bound); ``"reduce"``,
+        ``run(x, root, mine)`` calls ``fn(head, [x, spec], tail, root)`` on
+        the root (``mine``: ``Reduce(IN_PLACE, ...)``), else ``fn([x, spec],
+        None, tail, root)``. It is the whole
         blocking hot path around an MPI routine (one Python frame, one tuple,
         no clock), so it is built once per (engine, routine).
         """
@@ -200,6 +203,7 @@ _SHAPES = {
     "rooted": ("x, root", "fn([x, spec], root)"),
     "gather": ("out, x", "fn([x, spec], [out, spec])"),
     "scatter": ("out, x", "fn([x, spec], [out, spec], tail)"),
+    "reduce": ("x, root, mine", "fn(head, [x, spec], tail, root) if mine else fn([x, spec], None, tail, root)"),
 }
 _FACTORIES: dict[str, Any] = {}
 _GUARD_SOURCE = """

@@ -364,10 +364,26 @@ def reduce(
     if pg is None:
         return None
     root = group_rank(pg, dst, group_dst, "dst")
-    buf = adapt(tensor, "tensor", pg._rank == root)
+    mine = pg._rank == root
+    plain = not async_op and not DETAIL[0]
+    if plain:  # a lane (see all_reduce); the array writable on every rank (flags.carray), as the lane learned it
+        arr = tensor if type(tensor) is _ndarray else tensor_array(tensor)
+        if arr is not None:
+            lane = (pg._reduce_sum_lanes if op is SUM else _op_lanes(pg._reduce_lanes, op)).get(id(arr.dtype))
+            if lane is not None and arr.nbytes < lane[2] and arr.flags.carray:
+                fr = pg._flight
+                entry = None if fr is None else fr.coll("reduce", lane[1], arr.size, root)
+                lane[3](arr, root, mine)
+                if entry is not None:
+                    entry[END] = True
+                return None
+    buf = adapt(tensor, "tensor", mine)
     rop = resolve_op(op, buf.dtype)
     eng, entry = _engine(pg, buf, "reduce", root, sized=True, async_op=async_op)
-    return _done(eng.reduce(buf, root, rop, sync=not async_op), async_op, entry)
+    work = _done(eng.reduce(buf, root, rop, sync=not async_op), async_op, entry)
+    if plain and rop.direct:
+        _learn(pg._reduce_lanes.setdefault(op, {}), buf, lambda: eng.host_lane("reduce", buf.arr.dtype, rop))
+    return work
 
 
 def all_reduce_coalesced(tensors: list[Any], op: Any = SUM, group: Any = None, async_op: bool = False) -> Work | None:

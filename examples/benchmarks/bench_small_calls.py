@@ -2,7 +2,7 @@
 
 Run:  mpiexec -n 2 python examples/benchmarks/bench_small_calls.py [--rounds R] [--iters N] [--gloo]
 
-For ``all_reduce`` (SUM), ``broadcast`` (from rank 0), ``all_gather_into_tensor``,
+For ``all_reduce`` (SUM), ``broadcast`` (from rank 0), ``reduce`` (SUM, to rank 0), ``all_gather_into_tensor``,
 ``reduce_scatter_tensor`` (SUM) and ``barrier`` on one float64 element per rank
 (8 bytes), ``HPCDIST_WAIT=block``, it times:
 
@@ -35,14 +35,16 @@ from mpi4py import MPI
 import hpcdist as dist
 from hpcdist._launchenv import free_port
 
-OPS = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "barrier"]
+OPS = ["all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "barrier"]
 
 
 def raw_calls(raw: Any, a: np.ndarray, out: np.ndarray, big: np.ndarray) -> dict[str, Callable[[], object]]:
     d = MPI.DOUBLE
+    send, recv = (MPI.IN_PLACE, [a, d]) if raw.Get_rank() == 0 else ([a, d], None)  # the root reduces in place
     return {
         "all_reduce": lambda: raw.Allreduce(MPI.IN_PLACE, [a, d], MPI.SUM),
         "broadcast": lambda: raw.Bcast([a, d], 0),
+        "reduce": lambda: raw.Reduce(send, recv, MPI.SUM, 0),
         "all_gather_into_tensor": lambda: raw.Allgather([a, d], [out, d]),
         "reduce_scatter_tensor": lambda: raw.Reduce_scatter_block([big, d], [a, d], MPI.SUM),
         "barrier": raw.Barrier,
@@ -55,6 +57,7 @@ def api_calls(api: Any, a: Any, out: Any, big: Any, group: Any = None) -> dict[s
     return {
         "all_reduce": lambda: api.all_reduce(a, group=group),
         "broadcast": lambda: api.broadcast(a, src=0, group=group),
+        "reduce": lambda: api.reduce(a, dst=0, group=group),
         "all_gather_into_tensor": lambda: api.all_gather_into_tensor(out, a, group=group),
         "reduce_scatter_tensor": lambda: api.reduce_scatter_tensor(a, big, group=group),
         "barrier": lambda: api.barrier(group=group),

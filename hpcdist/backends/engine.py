@@ -107,11 +107,13 @@ class Engine(ABC):
         """The engine's one-call path for blocking ``op`` on small host NumPy arrays of ``np_dtype``, or None.
 
         ``op`` is ``"broadcast"`` (``run(array, root)``: ``root`` a group rank),
+        ``"reduce"`` (``run(array, root, mine)``, reducing with ``rop`` into the
+        root's array; ``mine``: this rank is the root),
         ``"all_gather_into_tensor"`` (``run(output, input)``) or
         ``"reduce_scatter_tensor"`` (``run(output, input)``, reducing with
         ``rop``). Returns ``(max_bytes, run)``: ``run`` does exactly what the
         engine's method would with ``sync=True`` on C-contiguous NumPy arrays
-        of fewer than ``max_bytes`` bytes (the broadcast array, the gathered
+        of fewer than ``max_bytes`` bytes (the broadcast or reduced array, the gathered
         output, the scattered input) that the caller checked: writable where
         written, of ``np_dtype``, the right sizes, not sharing memory.
         :mod:`hpcdist.collectives` keeps it per (group, op, dtype), as

@@ -76,6 +76,7 @@ LANE_CALLS = {
         "all_gather_into_tensor",
     ),
     "barrier": ("dist.barrier()", "barrier"),
+    "reduce": ("dist.reduce(np.ones(4), dst=0)", "reduce"),
     "reduce_scatter_tensor": (
         "dist.reduce_scatter_tensor(np.zeros(4), np.ones(8))",
         "reduce_scatter_tensor",

@@ -119,18 +119,23 @@ def test_repeated_calls_take_the_lane_and_agree_with_numpy(no_detail, pg, adapte
     assert lane[1] == dtype and lane[2] > N * np.dtype(dtype).itemsize
 
 
+@pytest.mark.parametrize("call", ["all_reduce", "reduce"])
 @pytest.mark.parametrize(("dtype", "opname"), [("float16", "SUM"), ("float64", "AVG"), ("int32", "AVG")])
-def test_ops_mpi_cannot_compute_alone_have_no_lane_and_stay_exact(no_detail, pg, adapter_calls, dtype, opname):
+def test_ops_mpi_cannot_compute_alone_have_no_lane_and_stay_exact(no_detail, pg, adapter_calls, dtype, opname, call):
     n, rank = dist.get_world_size(), dist.get_rank()
     op = getattr(ReduceOp, opname)
     for salt in range(3):
         x = inputs(rank, dtype, salt)
-        dist.all_reduce(x, op=op, group=pg)
+        if call == "all_reduce":
+            dist.all_reduce(x, op=op, group=pg)
+        else:
+            dist.reduce(x, dst=n - 1, op=op, group=pg)
         stack = np.stack([inputs(r, dtype, salt) for r in range(n)]).astype(np.float64)
         want = stack.sum(0) if opname == "SUM" else stack.sum(0) / n
         if dtype == "int32":
             want = stack.sum(0).astype(np.int64) // n  # inputs are positive: truncation is floor
-        assert np.array_equal(x, want.astype(dtype)), (salt, x, want)
+        if call == "all_reduce" or rank == n - 1:  # (reduce: the result is the root's)
+            assert np.array_equal(x, want.astype(dtype)), (salt, x, want)
     assert len(adapter_calls) == 3, "every call goes through the general path"
     assert all(lane[2] == 0 for lane in all_lanes(pg))
 
@@ -365,6 +370,54 @@ def test_the_general_path_serves_the_reduce_scatters_the_lane_must_not_take(no_d
     assert len(adapter_calls) - learned == calls
 
 
+REDUCE_CASES = [*RS_CASES, ("float64", "PRODUCT"), ("uint16", "BOR"), ("complex128", "SUM")]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("dtype", "opname"), REDUCE_CASES)
+def test_repeated_reduces_take_the_lane_and_leave_the_result_on_the_root_alone(
+    no_detail, pg, adapter_calls, dtype, opname, kind
+):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    op = getattr(ReduceOp, opname)
+    for salt, root in enumerate([0, n - 1, n // 2, 0]):  # the first call learns the lane
+        x = inputs(rank, dtype, salt)
+        assert dist.reduce(as_kind(x, kind), dst=root, op=op, group=pg) is None
+        want = reference(opname, dtype, salt, n) if rank == root else inputs(rank, dtype, salt)
+        assert np.array_equal(x, want), (salt, root, x, want)  # a non-root's input is left as it was
+    lane = pg._reduce_lanes[op][id(np.dtype(dtype))]
+    assert lane[1] == dtype
+    taken = N * np.dtype(dtype).itemsize < lane[2]  # (shared memory from 0 bytes: no lane)
+    assert len(adapter_calls) == (1 if taken else 4)
+
+
+def test_the_general_path_serves_the_reduces_the_lane_must_not_take(no_detail, pg, adapter_calls):
+    """Read-only and strided arrays, a read-only root (its argument error), a number for an op: not the lane."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    want = reference("SUM", "float64", 0, n)
+    dist.reduce(inputs(rank, "float64", 0), dst=0, group=pg)  # learn the lane
+    learned = len(adapter_calls)
+    ro = inputs(rank, "float64", 0)
+    ro.flags.writeable = False
+    if rank != 0:  # a non-root only sends: a read-only input is fine, on the general path
+        dist.reduce(ro, dst=0, group=pg)
+    else:  # while the root takes the lane: one MPI call either way
+        x = inputs(rank, "float64", 0)
+        dist.reduce(x, dst=0, group=pg)
+        assert np.array_equal(x, want)
+    strided = np.zeros(2 * N)[::2]  # not contiguous: reduced through a copy, written back on the root
+    strided[:] = inputs(rank, "float64", 0)
+    dist.reduce(strided, dst=n - 1, group=pg)
+    assert np.array_equal(strided, want if rank == n - 1 else inputs(rank, "float64", 0))
+    if rank == 0:  # the root writes: a read-only output is the general path's argument error, before any message
+        with pytest.raises(ValueError, match="read-only"):
+            dist.reduce(ro, dst=0, group=pg)
+    with pytest.raises(TypeError, match="op must be a ReduceOp"):
+        dist.reduce(inputs(rank, "float64", 0), dst=0, op="broadcast", group=pg)
+    taken = pg._reduce_sum_lanes[id(np.dtype("float64"))][2] > N * 8
+    assert len(adapter_calls) - learned == 3 + (rank == 0 and not taken)
+
+
 def test_the_general_path_serves_the_gathers_the_lane_must_not_take(no_detail, pg, adapter_calls):
     """Views (which may share memory), in-place slots, overlapping inputs, other dtypes and sizes: not the lane."""
     n, rank = dist.get_world_size(), dist.get_rank()
@@ -413,11 +466,14 @@ def test_lane_calls_are_recorded_as_the_general_path_records_them(no_detail, pg)
         dist.barrier(group=pg)
     for _ in range(3):
         dist.reduce_scatter_tensor(np.zeros(N), np.ones(n * N), group=pg)
+    for _ in range(3):
+        dist.reduce(inputs(rank, "uint16", 0), dst=n // 2, op=ReduceOp.MAX, group=pg)
     entries = [e for e in ring.colls if e is not None]
     got = [e[1:5] for e in entries]
-    assert got == [got[0]] * 3 + [got[3]] * 3 + [got[6]] * 3 + [got[9]] * 3, got
+    assert got == [got[0]] * 3 + [got[3]] * 3 + [got[6]] * 3 + [got[9]] * 3 + [got[12]] * 3, got
     assert got[0] == ["broadcast", "int64", N, n - 1] and got[3] == ["all_gather_into", "int32", N, -1]
     assert got[6] == ["barrier", None, 0, -1] and got[9] == ["reduce_scatter_tensor", "float64", N, -1]
+    assert got[12] == ["reduce", "uint16", N, n // 2]
     assert all(e[END] is True for e in entries)
 
 
@@ -501,7 +557,7 @@ def test_the_general_path_serves_the_tensors_the_lanes_must_not_take(no_detail, 
     assert {lane[1] for lane in all_lanes(pg)} == {"float64"}, "only calls on in-place views of their dtype teach lanes"
 
 
-@pytest.mark.parametrize("op", ["broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"])
+@pytest.mark.parametrize("op", ["broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "reduce"])
 def test_an_op_that_is_no_reduce_op_gets_the_op_error_not_another_operations_lane(no_detail, pg, op):
     """The lanes of every operation are learned; an all_reduce or reduce_scatter_tensor op that happens to be
     another table's key (an operation's name) is refused by the op check, as on the general path."""
@@ -510,8 +566,11 @@ def test_an_op_that_is_no_reduce_op_gets_the_op_error_not_another_operations_lan
     dist.broadcast(x, src=0, group=pg)
     dist.all_gather_into_tensor(np.zeros(n * N), inputs(rank, "float64", 0), group=pg)
     dist.reduce_scatter_tensor(np.zeros(N), np.ones(n * N), group=pg)
+    dist.reduce(x, dst=0, group=pg)
     dist.all_reduce(x, group=pg)
     with pytest.raises(TypeError, match="op must be a ReduceOp"):
         dist.all_reduce(x, op=op, group=pg)
     with pytest.raises(TypeError, match="op must be a ReduceOp"):
         dist.reduce_scatter_tensor(np.zeros(N), np.ones(n * N), op=op, group=pg)
+    with pytest.raises(TypeError, match="op must be a ReduceOp"):
+        dist.reduce(x, dst=0, op=op, group=pg)

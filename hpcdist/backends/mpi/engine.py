@@ -68,6 +68,7 @@ def _reduce_type(arr: np.ndarray) -> Any:
 #: whether it reduces: then only with an op MPI computes on the array itself, bound as the routine's last argument)
 _LANES = {
     "broadcast": ("Bcast", "rooted", False),
+    "reduce": ("Reduce", "reduce", True),
     "all_gather_into_tensor": ("Allgather", "gather", False),
     "reduce_scatter_tensor": ("Reduce_scatter_block", "scatter", True),
 }
@@ -225,7 +226,8 @@ class MPIEngine(Engine):
         pg = self.pg
         start = getattr(self.comm, "I" + routine[0].lower() + routine[1:])
         fn, owner = self._completion(routine, op, start)
-        typed = (None, mpi_datatype(np_dtype), _mpi_op(rop.mpi_name) if reduces and rop is not None else None)
+        head = _IN_PLACE if shape == "reduce" else None  # the root reduces in place
+        typed = (head, mpi_datatype(np_dtype), _mpi_op(rop.mpi_name) if reduces and rop is not None else None)
         run = WATCHDOG.guard(fn, (op, pg), pg._call_domain, pg.busy_error, owner, typed, shape)
         return int(min(bound, 1 << 62)), run
 
