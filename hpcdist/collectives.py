@@ -569,7 +569,8 @@ def all_gather_into_tensor(
     pair = _apart_arrays(output_tensor, input_tensor) if plain else None
     if pair is not None:
         out_arr, in_arr = pair  # a lane (see all_reduce), of the output's dtype
-        if _pair_lane(pg, pg._gather_lanes.get(id(out_arr.dtype)), out_arr, in_arr, out_arr, in_arr, "all_gather_into"):
+        lane = pg._gather_lanes.get(id(out_arr.dtype))
+        if _pair_lane(pg, lane, out_arr, in_arr, out_arr, in_arr, pg._size, "all_gather_into"):
             return None
     inp = adapt(input_tensor, "input_tensor", False)
     out = adapt(output_tensor, "output_tensor", True)
@@ -582,19 +583,22 @@ def all_gather_into_tensor(
     return work
 
 
-def _pair_lane(pg: ProcessGroup, lane: Any, out: np.ndarray, inp: np.ndarray, big: Any, small: Any, desc: str) -> bool:
-    """Run ``lane`` (None: not learned) on an all-gather's or reduce-scatter's ``out`` and ``inp`` (which share no
-    memory: :func:`_apart_arrays`) if they pass its checks, recorded as ``desc``; False: the general path's call.
+def _pair_lane(
+    pg: ProcessGroup, lane: Any, out: np.ndarray, inp: np.ndarray, big: Any, small: Any, times: int, desc: str
+) -> bool:
+    """Run ``lane`` (None: not learned) on an all-gather's, reduce-scatter's or all-to-all's ``out`` and ``inp``
+    (which share no memory: :func:`_apart_arrays`) if they pass its checks, recorded as ``desc``; False: the
+    general path's call.
 
-    The checks: one dtype object; ``big`` (the output of an all-gather, the input of a reduce-scatter) group
-    size x ``small`` and below the lane's bound; the output writable, C-contiguous and aligned (flags.carray),
-    the input C-contiguous.
+    The checks: one dtype object; ``big`` (the output of an all-gather, the input of a reduce-scatter or
+    all-to-all) ``times`` x ``small`` (group size, or 1) and below the lane's bound; the output writable,
+    C-contiguous and aligned (flags.carray), the input C-contiguous.
     """
     if (
         lane is None
         or inp.dtype is not out.dtype
         or big.nbytes >= lane[2]
-        or big.size != small.size * pg._size
+        or big.size != small.size * times
         or not out.flags.carray
         or not inp.flags.c_contiguous
     ):
@@ -829,7 +833,9 @@ def reduce_scatter_tensor(
         # a lane (see all_reduce and all_gather_into_tensor): this dtype and op passed every check before
         out_arr, in_arr = pair
         lanes = pg._rs_sum_lanes if op is SUM else _op_lanes(pg._rs_lanes, op)
-        if _pair_lane(pg, lanes.get(id(out_arr.dtype)), out_arr, in_arr, in_arr, out_arr, "reduce_scatter_tensor"):
+        if _pair_lane(
+            pg, lanes.get(id(out_arr.dtype)), out_arr, in_arr, in_arr, out_arr, pg._size, "reduce_scatter_tensor"
+        ):
             return None
     out = adapt(output, "output", True)
     inp = adapt(input, "input", False)
@@ -937,6 +943,22 @@ def all_to_all_single(
     pg = resolve_group(group, "all_to_all_single")
     if pg is None:
         return None
+    even = output_split_sizes is None and input_split_sizes is None
+    plain = even and not async_op and not DETAIL[0]
+    pair = _apart_arrays(output, input) if plain else None
+    if pair is not None:  # a lane (see all_gather_into_tensor): even splits of whole rows, arrays of one size
+        out_arr, in_arr = pair
+        n = pg._size
+        if (
+            in_arr.ndim
+            and out_arr.ndim
+            and not in_arr.shape[0] % n
+            and not out_arr.shape[0] % n
+            and _pair_lane(
+                pg, pg._a2a_lanes.get(id(out_arr.dtype)), out_arr, in_arr, in_arr, out_arr, 1, "all_to_all_single"
+            )
+        ):
+            return None
     out = adapt(output, "output", True)
     inp = adapt(input, "input", False)
     _same(out, inp, "output", "input")
@@ -958,7 +980,10 @@ def all_to_all_single(
     eng, entry = _engine(pg, inp, "all_to_all_single", async_op=async_op)
     if DETAIL[0]:
         check_traffic(pg, "all_to_all_single", scounts, rcounts)
-    return _done(eng.all_to_all_single(out, inp, rcounts, scounts, sync=not async_op), async_op, entry)
+    work = _done(eng.all_to_all_single(out, inp, rcounts, scounts, sync=not async_op), async_op, entry)
+    if plain:
+        _learn(pg._a2a_lanes, out, lambda: eng.host_lane("all_to_all_single", out.arr.dtype))
+    return work
 
 
 # ------------------------------------------------------------------ barrier

@@ -3,7 +3,7 @@
 Run:  mpiexec -n 2 python examples/benchmarks/bench_small_calls.py [--rounds R] [--iters N] [--gloo]
 
 For ``all_reduce`` (SUM), ``broadcast`` (from rank 0), ``reduce`` (SUM, to rank 0), ``all_gather_into_tensor``,
-``reduce_scatter_tensor`` (SUM) and ``barrier`` on one float64 element per rank
+``reduce_scatter_tensor`` (SUM), ``all_to_all_single`` (even splits) and ``barrier`` on one float64 element per rank
 (8 bytes), ``HPCDIST_WAIT=block``, it times:
 
 * **raw mpi4py**: the MPI routine on a Dup of COMM_WORLD, with the datatype
@@ -11,7 +11,7 @@ For ``all_reduce`` (SUM), ``broadcast`` (from rank 0), ``reduce`` (SUM, to rank 
 * **hpcdist NumPy**: the hpcdist call on NumPy arrays, which after the first
   call of a dtype on a group takes the group's lane (docs/performance.md);
 * **hpcdist torch**: the same on torch CPU tensors (torch installed), which
-  take the general path (the adapter, the argument checks, the engine);
+  take the same lanes through ``tensor.numpy()``;
 * **torch gloo** (``--gloo``): ``torch.distributed`` with the gloo backend on
   the same ranks.
 
@@ -35,7 +35,15 @@ from mpi4py import MPI
 import hpcdist as dist
 from hpcdist._launchenv import free_port
 
-OPS = ["all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "barrier"]
+OPS = [
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "barrier",
+]
 
 
 def raw_calls(raw: Any, a: np.ndarray, out: np.ndarray, big: np.ndarray) -> dict[str, Callable[[], object]]:
@@ -47,19 +55,22 @@ def raw_calls(raw: Any, a: np.ndarray, out: np.ndarray, big: np.ndarray) -> dict
         "reduce": lambda: raw.Reduce(send, recv, MPI.SUM, 0),
         "all_gather_into_tensor": lambda: raw.Allgather([a, d], [out, d]),
         "reduce_scatter_tensor": lambda: raw.Reduce_scatter_block([big, d], [a, d], MPI.SUM),
+        "all_to_all_single": lambda: raw.Alltoall([big, d], [out, d]),
         "barrier": raw.Barrier,
     }
 
 
 def api_calls(api: Any, a: Any, out: Any, big: Any, group: Any = None) -> dict[str, Callable[[], object]]:
     """The calls through ``api`` (hpcdist or torch.distributed) on ``a`` (one element), ``out`` (the gathered
-    output) and ``big`` (the scattered input), both group size x ``a``."""
+    output, the all-to-all's output) and ``big`` (the scattered input, the all-to-all's input), both group size
+    x ``a``."""
     return {
         "all_reduce": lambda: api.all_reduce(a, group=group),
         "broadcast": lambda: api.broadcast(a, src=0, group=group),
         "reduce": lambda: api.reduce(a, dst=0, group=group),
         "all_gather_into_tensor": lambda: api.all_gather_into_tensor(out, a, group=group),
         "reduce_scatter_tensor": lambda: api.reduce_scatter_tensor(a, big, group=group),
+        "all_to_all_single": lambda: api.all_to_all_single(out, big, group=group),
         "barrier": lambda: api.barrier(group=group),
     }
 

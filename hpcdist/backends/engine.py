@@ -109,12 +109,13 @@ class Engine(ABC):
         ``op`` is ``"broadcast"`` (``run(array, root)``: ``root`` a group rank),
         ``"reduce"`` (``run(array, root, mine)``, reducing with ``rop`` into the
         root's array; ``mine``: this rank is the root),
-        ``"all_gather_into_tensor"`` (``run(output, input)``) or
+        ``"all_gather_into_tensor"`` and ``"all_to_all_single"`` of even splits
+        (``run(output, input)``) or
         ``"reduce_scatter_tensor"`` (``run(output, input)``, reducing with
         ``rop``). Returns ``(max_bytes, run)``: ``run`` does exactly what the
         engine's method would with ``sync=True`` on C-contiguous NumPy arrays
         of fewer than ``max_bytes`` bytes (the broadcast or reduced array, the gathered
-        output, the scattered input) that the caller checked: writable where
+        output, the scattered or exchanged input) that the caller checked: writable where
         written, of ``np_dtype``, the right sizes, not sharing memory.
         :mod:`hpcdist.collectives` keeps it per (group, op, dtype), as
         all_reduce's :meth:`host_all_reduce_lane`. The default is None: no lane.

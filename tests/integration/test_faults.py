@@ -77,6 +77,7 @@ LANE_CALLS = {
     ),
     "barrier": ("dist.barrier()", "barrier"),
     "reduce": ("dist.reduce(np.ones(4), dst=0)", "reduce"),
+    "all_to_all_single": ("dist.all_to_all_single(np.zeros(4), np.ones(4))", "all_to_all_single"),
     "reduce_scatter_tensor": (
         "dist.reduce_scatter_tensor(np.zeros(4), np.ones(8))",
         "reduce_scatter_tensor",

@@ -418,6 +418,52 @@ def test_the_general_path_serves_the_reduces_the_lane_must_not_take(no_detail, p
     assert len(adapter_calls) - learned == 3 + (rank == 0 and not taken)
 
 
+def a2a_input(rank: int, dtype: str, salt: int, n: int) -> np.ndarray:
+    """This rank's all_to_all_single input: ``n`` blocks of 2 rows of 3, block ``j`` for rank ``j`` (an array that
+    owns its memory, as a lane needs: a reshaped array is a view)."""
+    return np.concatenate([inputs(rank, dtype, salt + 7 * j) for j in range(n)]).reshape(2 * n, 3).copy()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", MOVE_DTYPES)
+def test_repeated_all_to_alls_take_the_lane_and_agree_with_numpy(no_detail, pg, adapter_calls, dtype, kind):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    for salt in range(4):  # the first call learns the lane
+        out = np.zeros((2 * n, 3), dtype)
+        assert (
+            dist.all_to_all_single(as_kind(out, kind), as_kind(a2a_input(rank, dtype, salt, n), kind), group=pg) is None
+        )
+        want = np.concatenate([a2a_input(r, dtype, salt, n)[2 * rank : 2 * rank + 2] for r in range(n)])
+        assert np.array_equal(out, want), (salt, out, want)
+    lane = pg._a2a_lanes[id(np.dtype(dtype))]
+    assert lane[1] == dtype
+    taken = out.nbytes < lane[2]
+    assert len(adapter_calls) == (2 if taken else 8)  # the general path adapts the output and the input
+
+
+def test_the_general_path_serves_the_all_to_alls_the_lane_must_not_take(no_detail, pg, adapter_calls):
+    """Split sizes given (even or not), views, one array as input and output, rows that do not split evenly."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    want = np.concatenate([a2a_input(r, "float64", 0, n)[2 * rank : 2 * rank + 2] for r in range(n)])
+    dist.all_to_all_single(np.zeros((2 * n, 3)), a2a_input(rank, "float64", 0, n), group=pg)  # learn the lane
+    learned = len(adapter_calls)
+    out = np.zeros((2 * n, 3))
+    dist.all_to_all_single(out, a2a_input(rank, "float64", 0, n), [2] * n, [2] * n, group=pg)  # even, but given
+    assert np.array_equal(out, want)
+    x = a2a_input(rank, "float64", 0, n)  # one array as input and output (sent from a copy)
+    dist.all_to_all_single(x, x, group=pg)
+    assert np.array_equal(x, want)
+    flat = np.zeros(2 * n * 3 + 1)  # a view that does not own its memory
+    dist.all_to_all_single(flat[1:], a2a_input(rank, "float64", 0, n).reshape(-1), group=pg)
+    assert np.array_equal(flat[1:], want.reshape(-1))
+    calls = 2 * 3
+    if n > 1:  # 2n + 1 rows do not split into n even blocks: the general path's argument error
+        with pytest.raises(ValueError, match="input_split_sizes"):
+            dist.all_to_all_single(np.zeros((2 * n + 1, 3)), np.zeros((2 * n + 1, 3)), group=pg)
+        calls += 2
+    assert len(adapter_calls) - learned == calls
+
+
 def test_the_general_path_serves_the_gathers_the_lane_must_not_take(no_detail, pg, adapter_calls):
     """Views (which may share memory), in-place slots, overlapping inputs, other dtypes and sizes: not the lane."""
     n, rank = dist.get_world_size(), dist.get_rank()
@@ -468,12 +514,14 @@ def test_lane_calls_are_recorded_as_the_general_path_records_them(no_detail, pg)
         dist.reduce_scatter_tensor(np.zeros(N), np.ones(n * N), group=pg)
     for _ in range(3):
         dist.reduce(inputs(rank, "uint16", 0), dst=n // 2, op=ReduceOp.MAX, group=pg)
+    for _ in range(3):
+        dist.all_to_all_single(np.zeros((2 * n, 3), np.int8), a2a_input(rank, "int8", 0, n), group=pg)
     entries = [e for e in ring.colls if e is not None]
     got = [e[1:5] for e in entries]
-    assert got == [got[0]] * 3 + [got[3]] * 3 + [got[6]] * 3 + [got[9]] * 3 + [got[12]] * 3, got
+    assert len(got) == 18 and got == [g for g in got[::3] for _ in range(3)], got
     assert got[0] == ["broadcast", "int64", N, n - 1] and got[3] == ["all_gather_into", "int32", N, -1]
     assert got[6] == ["barrier", None, 0, -1] and got[9] == ["reduce_scatter_tensor", "float64", N, -1]
-    assert got[12] == ["reduce", "uint16", N, n // 2]
+    assert got[12] == ["reduce", "uint16", N, n // 2] and got[15] == ["all_to_all_single", "int8", 6 * n, -1]
     assert all(e[END] is True for e in entries)
 
 

@@ -71,6 +71,7 @@ _LANES = {
     "reduce": ("Reduce", "reduce", True),
     "all_gather_into_tensor": ("Allgather", "gather", False),
     "reduce_scatter_tensor": ("Reduce_scatter_block", "scatter", True),
+    "all_to_all_single": ("Alltoall", "gather", False),
 }
 
 
