@@ -538,12 +538,55 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
     pg = resolve_group(group, "all_gather")
     if pg is None:
         return None
+    plain = not async_op and not DETAIL[0]
+    if plain:  # a lane (see all_gather_into_tensor), gathering into a new array copied out to the list
+        arr = tensor if type(tensor) is _ndarray else tensor_array(tensor)
+        if arr is not None and _list_lane(pg, pg._ag_list_lanes.get(id(arr.dtype)), tensor_list, arr):
+            return None
     inp = adapt(tensor, "tensor", False)
     outs = _per_rank(pg, tensor_list, "tensor_list", True, inp, "tensor")
     eng, entry = _engine(pg, inp, "all_gather", async_op=async_op)
     if DETAIL[0]:
         check_traffic(pg, "all_gather", [inp.arr.size] * pg._size, [b.arr.size for b in outs])
-    return _done(eng.all_gather(outs, inp, sync=not async_op), async_op, entry)
+    work = _done(eng.all_gather(outs, inp, sync=not async_op), async_op, entry)
+    if plain:
+        _learn(pg._ag_list_lanes, inp, lambda: eng.host_lane("all_gather", inp.arr.dtype))
+    return work
+
+
+def _list_lane(pg: ProcessGroup, lane: Any, tensor_list: Any, inp: np.ndarray) -> bool:
+    """Run a list all_gather's ``lane`` (None: not learned) on ``inp`` into a new array, then copy rank ``r``'s
+    part into ``tensor_list[r]``, as the general path does (so outputs may overlap each other and the input);
+    False: the general path's call.
+
+    The checks: a list of group-size NumPy arrays or plain CPU tensors, each of ``inp``'s dtype object and size,
+    writable, C-contiguous and aligned (flags.carray); ``inp`` C-contiguous; group size x ``inp`` below the
+    lane's bound.
+    """
+    n, size = pg._size, inp.size
+    if (
+        lane is None
+        or type(tensor_list) is not list
+        or len(tensor_list) != n
+        or inp.nbytes * n >= lane[2]
+        or not inp.flags.c_contiguous
+    ):
+        return False
+    outs = []
+    for t in tensor_list:
+        o = t if type(t) is _ndarray else tensor_array(t)
+        if o is None or o.dtype is not inp.dtype or o.size != size or not o.flags.carray:
+            return False
+        outs.append(o)
+    flat = np.empty(n * size, inp.dtype)
+    fr = pg._flight
+    entry = None if fr is None else fr.coll("all_gather", lane[1], size, -1)
+    lane[3](flat, inp)
+    for r, o in enumerate(outs):
+        o.reshape(-1)[...] = flat[r * size : (r + 1) * size]
+    if entry is not None:
+        entry[END] = True
+    return True
 
 
 def all_gather_into_tensor(

@@ -2,9 +2,10 @@
 
 Run:  mpiexec -n 2 python examples/benchmarks/bench_small_calls.py [--rounds R] [--iters N] [--gloo]
 
-For ``all_reduce`` (SUM), ``broadcast`` (from rank 0), ``reduce`` (SUM, to rank 0), ``all_gather_into_tensor``,
-``reduce_scatter_tensor`` (SUM), ``all_to_all_single`` (even splits) and ``barrier`` on one float64 element per rank
-(8 bytes), ``HPCDIST_WAIT=block``, it times:
+For ``all_reduce`` (SUM), ``broadcast`` (from rank 0), ``reduce`` (SUM, to rank 0),
+``all_gather_into_tensor``, ``all_gather`` (into a list), ``reduce_scatter_tensor`` (SUM),
+``all_to_all_single`` (even splits) and ``barrier`` on one float64 element per rank (8 bytes),
+``HPCDIST_WAIT=block``, it times:
 
 * **raw mpi4py**: the MPI routine on a Dup of COMM_WORLD, with the datatype
   given (``[a, MPI.DOUBLE]``), as hpcdist passes it;
@@ -40,6 +41,7 @@ OPS = [
     "broadcast",
     "reduce",
     "all_gather_into_tensor",
+    "all_gather",
     "reduce_scatter_tensor",
     "all_to_all_single",
     "barrier",
@@ -54,6 +56,7 @@ def raw_calls(raw: Any, a: np.ndarray, out: np.ndarray, big: np.ndarray) -> dict
         "broadcast": lambda: raw.Bcast([a, d], 0),
         "reduce": lambda: raw.Reduce(send, recv, MPI.SUM, 0),
         "all_gather_into_tensor": lambda: raw.Allgather([a, d], [out, d]),
+        "all_gather": lambda: raw.Allgather([a, d], [out, d]),  # (into the memory the list's views show)
         "reduce_scatter_tensor": lambda: raw.Reduce_scatter_block([big, d], [a, d], MPI.SUM),
         "all_to_all_single": lambda: raw.Alltoall([big, d], [out, d]),
         "barrier": raw.Barrier,
@@ -63,12 +66,14 @@ def raw_calls(raw: Any, a: np.ndarray, out: np.ndarray, big: np.ndarray) -> dict
 def api_calls(api: Any, a: Any, out: Any, big: Any, group: Any = None) -> dict[str, Callable[[], object]]:
     """The calls through ``api`` (hpcdist or torch.distributed) on ``a`` (one element), ``out`` (the gathered
     output, the all-to-all's output) and ``big`` (the scattered input, the all-to-all's input), both group size
-    x ``a``."""
+    x ``a``; the list all_gather's outputs are views of ``out``'s elements)."""
+    parts = [out[i : i + 1] for i in range(out.shape[0])]
     return {
         "all_reduce": lambda: api.all_reduce(a, group=group),
         "broadcast": lambda: api.broadcast(a, src=0, group=group),
         "reduce": lambda: api.reduce(a, dst=0, group=group),
         "all_gather_into_tensor": lambda: api.all_gather_into_tensor(out, a, group=group),
+        "all_gather": lambda: api.all_gather(parts, a, group=group),
         "reduce_scatter_tensor": lambda: api.reduce_scatter_tensor(a, big, group=group),
         "all_to_all_single": lambda: api.all_to_all_single(out, big, group=group),
         "barrier": lambda: api.barrier(group=group),

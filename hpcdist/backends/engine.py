@@ -109,7 +109,8 @@ class Engine(ABC):
         ``op`` is ``"broadcast"`` (``run(array, root)``: ``root`` a group rank),
         ``"reduce"`` (``run(array, root, mine)``, reducing with ``rop`` into the
         root's array; ``mine``: this rank is the root),
-        ``"all_gather_into_tensor"`` and ``"all_to_all_single"`` of even splits
+        ``"all_gather_into_tensor"``, ``"all_gather"`` (of equal sizes, into
+        one output) and ``"all_to_all_single"`` of even splits
         (``run(output, input)``) or
         ``"reduce_scatter_tensor"`` (``run(output, input)``, reducing with
         ``rop``). Returns ``(max_bytes, run)``: ``run`` does exactly what the

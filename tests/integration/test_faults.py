@@ -78,6 +78,7 @@ LANE_CALLS = {
     "barrier": ("dist.barrier()", "barrier"),
     "reduce": ("dist.reduce(np.ones(4), dst=0)", "reduce"),
     "all_to_all_single": ("dist.all_to_all_single(np.zeros(4), np.ones(4))", "all_to_all_single"),
+    "all_gather": ("dist.all_gather([np.zeros(4), np.zeros(4)], np.ones(4))", "all_gather"),
     "reduce_scatter_tensor": (
         "dist.reduce_scatter_tensor(np.zeros(4), np.ones(8))",
         "reduce_scatter_tensor",

@@ -418,6 +418,61 @@ def test_the_general_path_serves_the_reduces_the_lane_must_not_take(no_detail, p
     assert len(adapter_calls) - learned == 3 + (rank == 0 and not taken)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", MOVE_DTYPES)
+def test_repeated_list_all_gathers_take_the_lane_and_agree_with_numpy(no_detail, pg, adapter_calls, dtype, kind):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    for salt in range(4):  # the first call learns the lane
+        outs = [np.zeros(N, dtype) for _ in range(n)]
+        assert (
+            dist.all_gather([as_kind(o, kind) for o in outs], as_kind(inputs(rank, dtype, salt), kind), group=pg)
+            is None
+        )
+        for r, o in enumerate(outs):
+            assert np.array_equal(o, inputs(r, dtype, salt)), (salt, r, o)
+    lane = pg._ag_list_lanes[id(np.dtype(dtype))]
+    assert lane[1] == dtype
+    taken = n * N * np.dtype(dtype).itemsize < lane[2]
+    assert len(adapter_calls) == (1 if taken else 4)  # the general path adapts the input (and the list apart)
+
+
+def test_the_general_path_serves_the_list_all_gathers_the_lane_must_not_take(no_detail, pg, adapter_calls):
+    """Uneven sizes, strided or read-only outputs, a short list, mixed dtypes: the general path, its results
+    or its argument errors; outputs that overlap each other or the input take the lane, with the general
+    path's results (rank order: the last slot written wins)."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    dist.all_gather([np.zeros(N) for _ in range(n)], inputs(rank, "float64", 0), group=pg)  # learn the lane
+    learned = len(adapter_calls)
+    uneven = [np.zeros(r + 1) for r in range(n)]  # rank r gives r + 1 elements (MPI_Allgatherv)
+    dist.all_gather(uneven, inputs(rank, "float64", 0)[: rank + 1].copy(), group=pg)
+    assert all(np.array_equal(u, inputs(r, "float64", 0)[: r + 1]) for r, u in enumerate(uneven)), uneven
+    wide = np.zeros((n, 2 * N))  # strided outputs: each column pair's first half, written back
+    dist.all_gather([row[::2] for row in wide], inputs(rank, "float64", 0), group=pg)
+    assert all(np.array_equal(wide[r, ::2], inputs(r, "float64", 0)) for r in range(n)), wide
+    ro = np.zeros(N)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        dist.all_gather([np.zeros(N) for _ in range(n - 1)] + [ro], inputs(rank, "float64", 0), group=pg)
+    with pytest.raises(ValueError, match="tensor_list"):
+        dist.all_gather([np.zeros(N) for _ in range(n + 1)], inputs(rank, "float64", 0), group=pg)
+    with pytest.raises(TypeError, match="dtype"):
+        dist.all_gather([np.zeros(N, np.float32) for _ in range(n)], inputs(rank, "float64", 0), group=pg)
+    # one array in every slot, and the input in this rank's slot: the lane (each slot copied from the gathered
+    # array in rank order), with the general path's answer
+    same = np.zeros(N)
+    dist.all_gather([same] * n, inputs(rank, "float64", 0), group=pg)
+    assert np.array_equal(same, inputs(n - 1, "float64", 0))
+    x = inputs(rank, "float64", 1)
+    slots = [np.zeros(N) for _ in range(n)]
+    slots[rank] = x
+    dist.all_gather(slots, x, group=pg)
+    assert all(np.array_equal(s, inputs(r, "float64", 1)) for r, s in enumerate(slots))
+    taken = n * N * 8 < pg._ag_list_lanes[id(np.dtype("float64"))][2]
+    # the general path adapts the input once (the list apart): the uneven call (even at one rank), the strided
+    # one and the three refused; the last two calls take the lane
+    assert len(adapter_calls) - learned == ((n > 1) + 4 if taken else 7)
+
+
 def a2a_input(rank: int, dtype: str, salt: int, n: int) -> np.ndarray:
     """This rank's all_to_all_single input: ``n`` blocks of 2 rows of 3, block ``j`` for rank ``j`` (an array that
     owns its memory, as a lane needs: a reshaped array is a view)."""
@@ -516,12 +571,15 @@ def test_lane_calls_are_recorded_as_the_general_path_records_them(no_detail, pg)
         dist.reduce(inputs(rank, "uint16", 0), dst=n // 2, op=ReduceOp.MAX, group=pg)
     for _ in range(3):
         dist.all_to_all_single(np.zeros((2 * n, 3), np.int8), a2a_input(rank, "int8", 0, n), group=pg)
+    for _ in range(3):
+        dist.all_gather([np.zeros(N, np.complex64) for _ in range(n)], inputs(rank, "complex64", 0), group=pg)
     entries = [e for e in ring.colls if e is not None]
     got = [e[1:5] for e in entries]
-    assert len(got) == 18 and got == [g for g in got[::3] for _ in range(3)], got
+    assert len(got) == 21 and got == [g for g in got[::3] for _ in range(3)], got
     assert got[0] == ["broadcast", "int64", N, n - 1] and got[3] == ["all_gather_into", "int32", N, -1]
     assert got[6] == ["barrier", None, 0, -1] and got[9] == ["reduce_scatter_tensor", "float64", N, -1]
     assert got[12] == ["reduce", "uint16", N, n // 2] and got[15] == ["all_to_all_single", "int8", 6 * n, -1]
+    assert got[18] == ["all_gather", "complex64", N, -1]
     assert all(e[END] is True for e in entries)
 
 

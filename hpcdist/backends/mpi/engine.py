@@ -70,6 +70,7 @@ _LANES = {
     "broadcast": ("Bcast", "rooted", False),
     "reduce": ("Reduce", "reduce", True),
     "all_gather_into_tensor": ("Allgather", "gather", False),
+    "all_gather": ("Allgather", "gather", False),
     "reduce_scatter_tensor": ("Reduce_scatter_block", "scatter", True),
     "all_to_all_single": ("Alltoall", "gather", False),
 }
