@@ -123,7 +123,11 @@ class Watchdog:
         (``Reduce_scatter_block`` with its op bound); ``"reduce"``,
         ``run(x, root, mine)`` calls ``fn(head, [x, spec], tail, root)`` on
         the root (``mine``: ``Reduce(IN_PLACE, ...)``), else ``fn([x, spec],
-        None, tail, root)``. It is the whole
+        None, tail, root)``; ``"gatherv"``, ``run(x, out, counts, root)``
+        calls ``fn([x, spec], [out, counts, spec], root)`` (``out`` None: no
+        receive buffer, as on a non-root: ``Gatherv``); ``"scatterv"``,
+        ``run(x, src, counts, root)`` the same with the roles swapped
+        (``Scatterv``). It is the whole
         blocking hot path around an MPI routine (one Python frame, one tuple,
         no clock), so it is built once per (engine, routine).
         """
@@ -204,6 +208,8 @@ _SHAPES = {
     "gather": ("out, x", "fn([x, spec], [out, spec])"),
     "scatter": ("out, x", "fn([x, spec], [out, spec], tail)"),
     "reduce": ("x, root, mine", "fn(head, [x, spec], tail, root) if mine else fn([x, spec], None, tail, root)"),
+    "gatherv": ("x, out, counts, root", "fn([x, spec], None if out is None else [out, counts, spec], root)"),
+    "scatterv": ("x, src, counts, root", "fn(None if src is None else [src, counts, spec], [x, spec], root)"),
 }
 _FACTORIES: dict[str, Any] = {}
 _GUARD_SOURCE = """

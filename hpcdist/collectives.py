@@ -564,29 +564,60 @@ def _list_lane(pg: ProcessGroup, lane: Any, tensor_list: Any, inp: np.ndarray) -
     lane's bound.
     """
     n, size = pg._size, inp.size
-    if (
-        lane is None
-        or type(tensor_list) is not list
-        or len(tensor_list) != n
-        or inp.nbytes * n >= lane[2]
-        or not inp.flags.c_contiguous
-    ):
+    if lane is None or inp.nbytes * n >= lane[2] or not inp.flags.c_contiguous:
         return False
-    outs = []
-    for t in tensor_list:
-        o = t if type(t) is _ndarray else tensor_array(t)
-        if o is None or o.dtype is not inp.dtype or o.size != size or not o.flags.carray:
-            return False
-        outs.append(o)
+    outs = _list_arrays(tensor_list, inp, n, True)
+    if outs is None:
+        return False
     flat = np.empty(n * size, inp.dtype)
     fr = pg._flight
     entry = None if fr is None else fr.coll("all_gather", lane[1], size, -1)
     lane[3](flat, inp)
-    for r, o in enumerate(outs):
-        o.reshape(-1)[...] = flat[r * size : (r + 1) * size]
+    _copy_out(flat, outs, size)
     if entry is not None:
         entry[END] = True
     return True
+
+
+def _list_arrays(lst: Any, ref: np.ndarray, n: int, write: bool) -> list[np.ndarray] | None:
+    """NumPy arrays of the ``n`` entries of a list collective's list ``lst`` for a lane (plain NumPy arrays, or
+    views of plain CPU tensors), each of ``ref``'s dtype object and size, C-contiguous, and writable and aligned
+    when ``write`` (flags.carray); else None: the general path's call, which accepts the list or raises."""
+    if type(lst) is not list or len(lst) != n:
+        return None
+    size, dtype = ref.size, ref.dtype
+    arrays = []
+    for t in lst:
+        a = t if type(t) is _ndarray else tensor_array(t)
+        if (
+            a is None
+            or a.dtype is not dtype
+            or a.size != size
+            or not (a.flags.carray if write else a.flags.c_contiguous)
+        ):
+            return None
+        arrays.append(a)
+    return arrays
+
+
+def _copy_out(flat: np.ndarray, outs: list[np.ndarray], size: int) -> None:
+    """Part ``r`` of ``flat`` (``size`` elements each) into ``outs[r]``, in rank order (as the general path's unpack)."""
+    for r, o in enumerate(outs):
+        o.reshape(-1)[...] = flat[r * size : (r + 1) * size]
+
+
+#: (size, group size) -> the counts and displacements of MPI's Gatherv/Scatterv for equal parts (lanes)
+_EVEN: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+
+
+def _even(size: int, n: int) -> tuple[list[int], list[int]]:
+    """The counts and displacements of ``n`` parts of ``size`` elements (kept: lanes repeat their sizes)."""
+    got = _EVEN.get((size, n))
+    if got is None:
+        if len(_EVEN) >= 256:
+            _EVEN.clear()
+        got = _EVEN[(size, n)] = ([size] * n, [size * r for r in range(n)])
+    return got
 
 
 def all_gather_into_tensor(
@@ -773,12 +804,48 @@ def gather(
     if pg is None:
         return None
     root = group_rank(pg, 0 if dst is None and group_dst is None else dst, group_dst, "dst")
+    plain = not async_op and not DETAIL[0]
+    if plain:  # a lane (see all_gather's): MPI's Gatherv, as the general path's, with equal parts
+        arr = tensor if type(tensor) is _ndarray else tensor_array(tensor)
+        if arr is not None and _gather_lane(pg, pg._gather_root_lanes.get(id(arr.dtype)), gather_list, arr, root):
+            return None
     inp = adapt(tensor, "tensor", False)
     outs = _root_list(pg, root, gather_list, "gather_list", inp, True, "destination")
     eng, entry = _engine(pg, inp, "gather", root, async_op=async_op)
     if DETAIL[0]:
         check_traffic(pg, "gather", _at(pg, root, inp.arr.size), _sizes(pg, outs))
-    return _done(eng.gather(inp, outs, root, sync=not async_op), async_op, entry)
+    work = _done(eng.gather(inp, outs, root, sync=not async_op), async_op, entry)
+    if plain:
+        _learn(pg._gather_root_lanes, inp, lambda: eng.host_lane("gather", inp.arr.dtype))
+    return work
+
+
+def _gather_lane(pg: ProcessGroup, lane: Any, gather_list: Any, inp: np.ndarray, root: int) -> bool:
+    """Run a gather's ``lane`` (None: not learned) on ``inp``; on ``root`` into a new array, then copied into
+    ``gather_list`` as the general path does. False: the general path's call.
+
+    The checks: ``inp`` C-contiguous, group size x ``inp`` below the lane's bound; on the root a list of
+    equal parts (:func:`_list_arrays`, written), elsewhere no list. Every rank runs MPI's Gatherv either way.
+    """
+    n, size = pg._size, inp.size
+    if lane is None or inp.nbytes * n >= lane[2] or not inp.flags.c_contiguous:
+        return False
+    outs = flat = counts = None
+    if pg._rank == root:
+        outs = _list_arrays(gather_list, inp, n, True)
+        if outs is None:
+            return False
+        flat, counts = np.empty(n * size, inp.dtype), _even(size, n)
+    elif gather_list:  # the general path's error
+        return False
+    fr = pg._flight
+    entry = None if fr is None else fr.coll("gather", lane[1], size, root)
+    lane[3](inp, flat, counts, root)
+    if outs is not None and flat is not None:  # (the root)
+        _copy_out(flat, outs, size)
+    if entry is not None:
+        entry[END] = True
+    return True
 
 
 def scatter(
@@ -809,12 +876,46 @@ def scatter(
     if pg is None:
         return None
     root = group_rank(pg, 0 if src is None and group_src is None else src, group_src, "src")
+    plain = not async_op and not DETAIL[0]
+    if plain:  # a lane (see gather's): MPI's Scatterv, as the general path's, with equal parts
+        arr = tensor if type(tensor) is _ndarray else tensor_array(tensor)
+        if arr is not None and _scatter_lane(pg, pg._scatter_lanes.get(id(arr.dtype)), scatter_list, arr, root):
+            return None
     out = adapt(tensor, "tensor", True)
     ins = _root_list(pg, root, scatter_list, "scatter_list", out, False, "source")
     eng, entry = _engine(pg, out, "scatter", root, async_op=async_op)
     if DETAIL[0]:
         check_traffic(pg, "scatter", _sizes(pg, ins), _at(pg, root, out.arr.size))
-    return _done(eng.scatter(out, ins, root, sync=not async_op), async_op, entry)
+    work = _done(eng.scatter(out, ins, root, sync=not async_op), async_op, entry)
+    if plain:
+        _learn(pg._scatter_lanes, out, lambda: eng.host_lane("scatter", out.arr.dtype))
+    return work
+
+
+def _scatter_lane(pg: ProcessGroup, lane: Any, scatter_list: Any, out: np.ndarray, root: int) -> bool:
+    """Run a scatter's ``lane`` (None: not learned) into ``out``; on ``root`` from ``scatter_list`` packed into a
+    new array, as the general path does. False: the general path's call.
+
+    The checks: ``out`` writable, C-contiguous and aligned (flags.carray), group size x ``out`` below the lane's
+    bound; on the root a list of equal parts (:func:`_list_arrays`, read), elsewhere no list.
+    """
+    n, size = pg._size, out.size
+    if lane is None or out.nbytes * n >= lane[2] or not out.flags.carray:
+        return False
+    flat = counts = None
+    if pg._rank == root:
+        ins = _list_arrays(scatter_list, out, n, False)
+        if ins is None:
+            return False
+        flat, counts = np.concatenate([a.reshape(-1) for a in ins]), _even(size, n)
+    elif scatter_list:  # the general path's error
+        return False
+    fr = pg._flight
+    entry = None if fr is None else fr.coll("scatter", lane[1], size, root)
+    lane[3](out, flat, counts, root)
+    if entry is not None:
+        entry[END] = True
+    return True
 
 
 # ------------------------------------------------------------------ reduce-scatter

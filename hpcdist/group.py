@@ -84,8 +84,8 @@ class ProcessGroup:
         self._engines: dict[str, Engine] = {}
         # the lanes of small blocking calls (collectives._learn): id(NumPy dtype) -> (dtype, dtype name, max bytes,
         # run). hpcdist.all_reduce's, reduce's and reduce_scatter_tensor's by op (SUM's, the most common, at hand),
-        # broadcast's, all_gather_into_tensor's, all_gather's (lists) and all_to_all_single's (even splits); and the
-        # engine's one-call blocking barrier (None: not asked yet; False: the engine has none)
+        # broadcast's, all_gather_into_tensor's, all_gather's (lists), all_to_all_single's (even splits), gather's
+        # and scatter's; and the engine's one-call blocking barrier (None: not asked yet; False: the engine has none)
         self._lanes: dict[Any, dict[int, tuple[Any, str, int, Any]]] = {}
         self._sum_lanes = self._lanes[RedOpType.SUM] = {}
         self._rs_lanes: dict[Any, dict[int, tuple[Any, str, int, Any]]] = {}
@@ -96,6 +96,8 @@ class ProcessGroup:
         self._gather_lanes: dict[int, tuple[Any, str, int, Any]] = {}
         self._a2a_lanes: dict[int, tuple[Any, str, int, Any]] = {}
         self._ag_list_lanes: dict[int, tuple[Any, str, int, Any]] = {}
+        self._gather_root_lanes: dict[int, tuple[Any, str, int, Any]] = {}
+        self._scatter_lanes: dict[int, tuple[Any, str, int, Any]] = {}
         self._barrier_lane: Any = None
         self.group_name = group_name
         self.group_desc = group_desc
@@ -185,7 +187,8 @@ class ProcessGroup:
     def _lane_tables(self) -> list[dict[int, tuple[Any, str, int, Any]]]:
         """Every table of lanes (by dtype) the group keeps, of every operation and op."""
         by_op = [*self._lanes.values(), *self._reduce_lanes.values(), *self._rs_lanes.values()]
-        return [*by_op, self._bcast_lanes, self._gather_lanes, self._ag_list_lanes, self._a2a_lanes]
+        moves = [self._bcast_lanes, self._gather_lanes, self._ag_list_lanes, self._a2a_lanes]
+        return [*by_op, *moves, self._gather_root_lanes, self._scatter_lanes]
 
     def _drop_lanes(self, barrier: Any = None) -> None:
         """Forget the group's lanes: later calls learn them again (``barrier=False``: the barrier's never)."""

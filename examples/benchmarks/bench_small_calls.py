@@ -3,7 +3,8 @@
 Run:  mpiexec -n 2 python examples/benchmarks/bench_small_calls.py [--rounds R] [--iters N] [--gloo]
 
 For ``all_reduce`` (SUM), ``broadcast`` (from rank 0), ``reduce`` (SUM, to rank 0),
-``all_gather_into_tensor``, ``all_gather`` (into a list), ``reduce_scatter_tensor`` (SUM),
+``all_gather_into_tensor``, ``all_gather`` (into a list), ``gather`` and ``scatter`` (rank 0 the
+root), ``reduce_scatter_tensor`` (SUM),
 ``all_to_all_single`` (even splits) and ``barrier`` on one float64 element per rank (8 bytes),
 ``HPCDIST_WAIT=block``, it times:
 
@@ -42,6 +43,8 @@ OPS = [
     "reduce",
     "all_gather_into_tensor",
     "all_gather",
+    "gather",
+    "scatter",
     "reduce_scatter_tensor",
     "all_to_all_single",
     "barrier",
@@ -50,13 +53,16 @@ OPS = [
 
 def raw_calls(raw: Any, a: np.ndarray, out: np.ndarray, big: np.ndarray) -> dict[str, Callable[[], object]]:
     d = MPI.DOUBLE
-    send, recv = (MPI.IN_PLACE, [a, d]) if raw.Get_rank() == 0 else ([a, d], None)  # the root reduces in place
+    root = raw.Get_rank() == 0
+    send, recv = (MPI.IN_PLACE, [a, d]) if root else ([a, d], None)  # the root reduces in place
     return {
         "all_reduce": lambda: raw.Allreduce(MPI.IN_PLACE, [a, d], MPI.SUM),
         "broadcast": lambda: raw.Bcast([a, d], 0),
         "reduce": lambda: raw.Reduce(send, recv, MPI.SUM, 0),
         "all_gather_into_tensor": lambda: raw.Allgather([a, d], [out, d]),
         "all_gather": lambda: raw.Allgather([a, d], [out, d]),  # (into the memory the list's views show)
+        "gather": lambda: raw.Gather([a, d], [out, d] if root else None, 0),
+        "scatter": lambda: raw.Scatter([big, d] if root else None, [a, d], 0),
         "reduce_scatter_tensor": lambda: raw.Reduce_scatter_block([big, d], [a, d], MPI.SUM),
         "all_to_all_single": lambda: raw.Alltoall([big, d], [out, d]),
         "barrier": raw.Barrier,
@@ -68,12 +74,16 @@ def api_calls(api: Any, a: Any, out: Any, big: Any, group: Any = None) -> dict[s
     output, the all-to-all's output) and ``big`` (the scattered input, the all-to-all's input), both group size
     x ``a``; the list all_gather's outputs are views of ``out``'s elements)."""
     parts = [out[i : i + 1] for i in range(out.shape[0])]
+    ins = [big[i : i + 1] for i in range(big.shape[0])]
+    root = (group.rank() if group is not None else api.get_rank()) == 0
     return {
         "all_reduce": lambda: api.all_reduce(a, group=group),
         "broadcast": lambda: api.broadcast(a, src=0, group=group),
         "reduce": lambda: api.reduce(a, dst=0, group=group),
         "all_gather_into_tensor": lambda: api.all_gather_into_tensor(out, a, group=group),
         "all_gather": lambda: api.all_gather(parts, a, group=group),
+        "gather": lambda: api.gather(a, parts if root else None, dst=0, group=group),
+        "scatter": lambda: api.scatter(a, ins if root else None, src=0, group=group),
         "reduce_scatter_tensor": lambda: api.reduce_scatter_tensor(a, big, group=group),
         "all_to_all_single": lambda: api.all_to_all_single(out, big, group=group),
         "barrier": lambda: api.barrier(group=group),

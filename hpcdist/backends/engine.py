@@ -111,7 +111,10 @@ class Engine(ABC):
         root's array; ``mine``: this rank is the root),
         ``"all_gather_into_tensor"``, ``"all_gather"`` (of equal sizes, into
         one output) and ``"all_to_all_single"`` of even splits
-        (``run(output, input)``) or
+        (``run(output, input)``), ``"gather"`` (``run(input, output, counts,
+        root)``: ``output`` and MPI's ``(counts, displacements)`` None but on
+        the root) and ``"scatter"`` (``run(output, input, counts, root)``,
+        likewise) or
         ``"reduce_scatter_tensor"`` (``run(output, input)``, reducing with
         ``rop``). Returns ``(max_bytes, run)``: ``run`` does exactly what the
         engine's method would with ``sync=True`` on C-contiguous NumPy arrays

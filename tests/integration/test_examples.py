@@ -178,11 +178,11 @@ def test_symmetric_buckets(tmp_path, n):
 
 @pytest.mark.timeout(120)
 def test_small_calls_benchmark_prints_its_table(tmp_path):
-    """docs/benchmarks/small_calls.md is this script's output: it runs, and its table has the eight calls."""
+    """docs/benchmarks/small_calls.md is this script's output: it runs, and its table has the ten calls."""
     out = run_example("benchmarks/bench_small_calls.py", "--rounds", "1", "--iters", "50", cwd=tmp_path).stdout
     rows = [ln for ln in out.splitlines() if ln.startswith("| `")]
-    calls = ["all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor"]
-    calls += ["all_to_all_single", "barrier"]
+    calls = ["all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "all_gather", "gather", "scatter"]
+    calls += ["reduce_scatter_tensor", "all_to_all_single", "barrier"]
     assert [r.split("`")[1] for r in rows] == calls, out
     width = 9 if HAS_TORCH else 6  # the torch columns when torch is installed
     assert all(r.count("|") == width for r in rows), out

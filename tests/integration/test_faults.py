@@ -79,6 +79,8 @@ LANE_CALLS = {
     "reduce": ("dist.reduce(np.ones(4), dst=0)", "reduce"),
     "all_to_all_single": ("dist.all_to_all_single(np.zeros(4), np.ones(4))", "all_to_all_single"),
     "all_gather": ("dist.all_gather([np.zeros(4), np.zeros(4)], np.ones(4))", "all_gather"),
+    "gather": ("dist.gather(np.ones(4), [np.zeros(4)] * 2 if dist.get_rank() == 0 else None, dst=0)", "gather"),
+    "scatter": ("dist.scatter(np.zeros(4), [np.ones(4)] * 2 if dist.get_rank() == 1 else None, src=1)", "scatter"),
     "reduce_scatter_tensor": (
         "dist.reduce_scatter_tensor(np.zeros(4), np.ones(8))",
         "reduce_scatter_tensor",

@@ -473,6 +473,60 @@ def test_the_general_path_serves_the_list_all_gathers_the_lane_must_not_take(no_
     assert len(adapter_calls) - learned == ((n > 1) + 4 if taken else 7)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", MOVE_DTYPES)
+def test_repeated_gathers_and_scatters_take_their_lanes_and_agree_with_numpy(no_detail, pg, adapter_calls, dtype, kind):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    for salt, root in enumerate([0, n - 1, n // 2, 0]):  # the first call of each learns its lane
+        outs = [np.zeros(N, dtype) for _ in range(n)] if rank == root else None
+        dist.gather(as_kind(inputs(rank, dtype, salt), kind), outs and [as_kind(o, kind) for o in outs], root, pg)
+        if outs is not None:
+            assert all(np.array_equal(o, inputs(r, dtype, salt)) for r, o in enumerate(outs)), (salt, root, outs)
+        x = np.zeros(N, dtype)
+        parts = [as_kind(inputs(r, dtype, salt + 1), kind) for r in range(n)] if rank == root else None
+        dist.scatter(as_kind(x, kind), parts, root, pg)
+        assert np.array_equal(x, inputs(rank, dtype, salt + 1)), (salt, root, x)
+    for table in (pg._gather_root_lanes, pg._scatter_lanes):
+        lane = table[id(np.dtype(dtype))]
+        assert lane[1] == dtype
+    taken = n * N * np.dtype(dtype).itemsize < lane[2]
+    assert len(adapter_calls) == (2 if taken else 8)  # the general path adapts the array (the list apart)
+
+
+def test_the_general_path_serves_the_gathers_and_scatters_the_lanes_must_not_take(no_detail, pg, adapter_calls):
+    """Uneven parts (MPI's Gatherv and Scatterv either way: a root on the general path meets ranks on the lane),
+    strided arrays, lists where none belong; a root's entry that is its own array takes the lane."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    root = n - 1
+    mine = rank == root
+    dist.gather(inputs(rank, "float64", 0), [np.zeros(N) for _ in range(n)] if mine else None, root, pg)
+    dist.scatter(np.zeros(N), [np.ones(N) for _ in range(n)] if mine else None, root, pg)  # learn the lanes
+    learned = len(adapter_calls)
+    uneven = [np.zeros(r + 1) for r in range(n)] if mine else None  # rank r gives r + 1 elements
+    dist.gather(inputs(rank, "float64", 0)[: rank + 1].copy(), uneven, root, pg)
+    if uneven is not None:
+        assert all(np.array_equal(u, inputs(r, "float64", 0)[: r + 1]) for r, u in enumerate(uneven)), uneven
+    got = np.zeros(rank + 1)
+    dist.scatter(got, [inputs(r, "float64", 2)[: r + 1].copy() for r in range(n)] if mine else None, root, pg)
+    assert np.array_equal(got, inputs(rank, "float64", 2)[: rank + 1])
+    strided = np.zeros(2 * N)[::2]  # received through a copy, written back
+    dist.scatter(strided, [inputs(r, "float64", 3) for r in range(n)] if mine else None, root, pg)
+    assert np.array_equal(strided, inputs(rank, "float64", 3))
+    with pytest.raises(ValueError, match="gather_list"):  # every rank refuses its list: a root's too long one
+        dist.gather(np.zeros(N), [np.zeros(N) for _ in range(n + 1)], root, pg)
+    with pytest.raises(ValueError, match="scatter_list"):
+        dist.scatter(np.zeros(N), [np.zeros(N) for _ in range(n + 1)], root, pg)
+    x = inputs(rank, "float64", 4)
+    outs = [np.zeros(N) for _ in range(n)]
+    outs[root] = x  # the root's own input is its entry of the list: the lane, gathering into a new array
+    dist.gather(x, outs if mine else None, root, pg)
+    if mine:
+        assert all(np.array_equal(o, inputs(r, "float64", 4)) for r, o in enumerate(outs)), outs
+    taken = n * N * 8 < pg._gather_root_lanes[id(np.dtype("float64"))][2]
+    general = 2 * (mine and n > 1) + 1 + 2  # the uneven root (one rank: even), the strided, the two refused
+    assert len(adapter_calls) - learned == (general if taken else 6)
+
+
 def a2a_input(rank: int, dtype: str, salt: int, n: int) -> np.ndarray:
     """This rank's all_to_all_single input: ``n`` blocks of 2 rows of 3, block ``j`` for rank ``j`` (an array that
     owns its memory, as a lane needs: a reshaped array is a view)."""
@@ -573,13 +627,18 @@ def test_lane_calls_are_recorded_as_the_general_path_records_them(no_detail, pg)
         dist.all_to_all_single(np.zeros((2 * n, 3), np.int8), a2a_input(rank, "int8", 0, n), group=pg)
     for _ in range(3):
         dist.all_gather([np.zeros(N, np.complex64) for _ in range(n)], inputs(rank, "complex64", 0), group=pg)
+    for _ in range(3):
+        dist.gather(inputs(rank, "int16", 0), [np.zeros(N, np.int16) for _ in range(n)] if rank == 0 else None, 0, pg)
+    for _ in range(3):
+        dist.scatter(np.zeros(N, np.uint8), [np.ones(N, np.uint8)] * n if rank == n - 1 else None, n - 1, pg)
     entries = [e for e in ring.colls if e is not None]
     got = [e[1:5] for e in entries]
-    assert len(got) == 21 and got == [g for g in got[::3] for _ in range(3)], got
+    assert len(got) == 27 and got == [g for g in got[::3] for _ in range(3)], got
     assert got[0] == ["broadcast", "int64", N, n - 1] and got[3] == ["all_gather_into", "int32", N, -1]
     assert got[6] == ["barrier", None, 0, -1] and got[9] == ["reduce_scatter_tensor", "float64", N, -1]
     assert got[12] == ["reduce", "uint16", N, n // 2] and got[15] == ["all_to_all_single", "int8", 6 * n, -1]
-    assert got[18] == ["all_gather", "complex64", N, -1]
+    assert got[18] == ["all_gather", "complex64", N, -1] and got[21] == ["gather", "int16", N, 0]
+    assert got[24] == ["scatter", "uint8", N, n - 1]
     assert all(e[END] is True for e in entries)
 
 

@@ -71,6 +71,8 @@ _LANES = {
     "reduce": ("Reduce", "reduce", True),
     "all_gather_into_tensor": ("Allgather", "gather", False),
     "all_gather": ("Allgather", "gather", False),
+    "gather": ("Gatherv", "gatherv", False),
+    "scatter": ("Scatterv", "scatterv", False),
     "reduce_scatter_tensor": ("Reduce_scatter_block", "scatter", True),
     "all_to_all_single": ("Alltoall", "gather", False),
 }
