@@ -127,7 +127,9 @@ class Watchdog:
         calls ``fn([x, spec], [out, counts, spec], root)`` (``out`` None: no
         receive buffer, as on a non-root: ``Gatherv``); ``"scatterv"``,
         ``run(x, src, counts, root)`` the same with the roles swapped
-        (``Scatterv``). It is the whole
+        (``Scatterv``); ``"alltoallv"``, ``run(out, x, counts)`` calls
+        ``fn([x, counts, spec], [out, counts, spec])`` (``Alltoallv`` with
+        one ``(counts, displacements)`` both ways). It is the whole
         blocking hot path around an MPI routine (one Python frame, one tuple,
         no clock), so it is built once per (engine, routine).
         """
@@ -208,6 +210,7 @@ _SHAPES = {
     "gather": ("out, x", "fn([x, spec], [out, spec])"),
     "scatter": ("out, x", "fn([x, spec], [out, spec], tail)"),
     "reduce": ("x, root, mine", "fn(head, [x, spec], tail, root) if mine else fn([x, spec], None, tail, root)"),
+    "alltoallv": ("out, x, counts", "fn([x, counts, spec], [out, counts, spec])"),
     "gatherv": ("x, out, counts, root", "fn([x, spec], None if out is None else [out, counts, spec], root)"),
     "scatterv": ("x, src, counts, root", "fn(None if src is None else [src, counts, spec], [x, spec], root)"),
 }

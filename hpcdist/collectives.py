@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .buffers.adapters import Buf, adapt, adapt_list, tensor_array
-from .buffers.packing import pack, unpack
+from .buffers.packing import own_block, pack, unpack
 from .debug import DETAIL, check_collective, check_traffic
 from .flight import END, attach
 from .group import ProcessGroup, group_rank, resolve_group
@@ -644,7 +644,7 @@ def all_gather_into_tensor(
     if pair is not None:
         out_arr, in_arr = pair  # a lane (see all_reduce), of the output's dtype
         lane = pg._gather_lanes.get(id(out_arr.dtype))
-        if _pair_lane(pg, lane, out_arr, in_arr, out_arr, in_arr, pg._size, "all_gather_into"):
+        if _pair_lane(pg, lane, out_arr, in_arr, out_arr, in_arr, "all_gather_into"):
             return None
     inp = adapt(input_tensor, "input_tensor", False)
     out = adapt(output_tensor, "output_tensor", True)
@@ -657,22 +657,19 @@ def all_gather_into_tensor(
     return work
 
 
-def _pair_lane(
-    pg: ProcessGroup, lane: Any, out: np.ndarray, inp: np.ndarray, big: Any, small: Any, times: int, desc: str
-) -> bool:
-    """Run ``lane`` (None: not learned) on an all-gather's, reduce-scatter's or all-to-all's ``out`` and ``inp``
-    (which share no memory: :func:`_apart_arrays`) if they pass its checks, recorded as ``desc``; False: the
-    general path's call.
+def _pair_lane(pg: ProcessGroup, lane: Any, out: np.ndarray, inp: np.ndarray, big: Any, small: Any, desc: str) -> bool:
+    """Run ``lane`` (None: not learned) on an all-gather's or reduce-scatter's ``out`` and ``inp`` (which share no
+    memory: :func:`_apart_arrays`) if they pass its checks, recorded as ``desc``; False: the general path's call.
 
-    The checks: one dtype object; ``big`` (the output of an all-gather, the input of a reduce-scatter or
-    all-to-all) ``times`` x ``small`` (group size, or 1) and below the lane's bound; the output writable,
-    C-contiguous and aligned (flags.carray), the input C-contiguous.
+    The checks: one dtype object; ``big`` (the output of an all-gather, the input of a reduce-scatter) group
+    size x ``small`` and below the lane's bound; the output writable, C-contiguous and aligned (flags.carray),
+    the input C-contiguous.
     """
     if (
         lane is None
         or inp.dtype is not out.dtype
         or big.nbytes >= lane[2]
-        or big.size != small.size * times
+        or big.size != small.size * pg._size
         or not out.flags.carray
         or not inp.flags.c_contiguous
     ):
@@ -977,9 +974,7 @@ def reduce_scatter_tensor(
         # a lane (see all_reduce and all_gather_into_tensor): this dtype and op passed every check before
         out_arr, in_arr = pair
         lanes = pg._rs_sum_lanes if op is SUM else _op_lanes(pg._rs_lanes, op)
-        if _pair_lane(
-            pg, lanes.get(id(out_arr.dtype)), out_arr, in_arr, in_arr, out_arr, pg._size, "reduce_scatter_tensor"
-        ):
+        if _pair_lane(pg, lanes.get(id(out_arr.dtype)), out_arr, in_arr, in_arr, out_arr, "reduce_scatter_tensor"):
             return None
     out = adapt(output, "output", True)
     inp = adapt(input, "input", False)
@@ -1090,19 +1085,8 @@ def all_to_all_single(
     even = output_split_sizes is None and input_split_sizes is None
     plain = even and not async_op and not DETAIL[0]
     pair = _apart_arrays(output, input) if plain else None
-    if pair is not None:  # a lane (see all_gather_into_tensor): even splits of whole rows, arrays of one size
-        out_arr, in_arr = pair
-        n = pg._size
-        if (
-            in_arr.ndim
-            and out_arr.ndim
-            and not in_arr.shape[0] % n
-            and not out_arr.shape[0] % n
-            and _pair_lane(
-                pg, pg._a2a_lanes.get(id(out_arr.dtype)), out_arr, in_arr, in_arr, out_arr, 1, "all_to_all_single"
-            )
-        ):
-            return None
+    if pair is not None and _a2a_lane(pg, pg._a2a_lanes.get(id(pair[0].dtype)), *pair):
+        return None
     out = adapt(output, "output", True)
     inp = adapt(input, "input", False)
     _same(out, inp, "output", "input")
@@ -1128,6 +1112,48 @@ def all_to_all_single(
     if plain:
         _learn(pg._a2a_lanes, out, lambda: eng.host_lane("all_to_all_single", out.arr.dtype))
     return work
+
+
+#: (block size, group size, rank) -> MPI's (counts, displacements) of an even all-to-all without the rank's own block
+_A2A_COUNTS: dict[tuple[int, int, int], tuple[list[int], list[int]]] = {}
+
+
+def _a2a_lane(pg: ProcessGroup, lane: Any, out: np.ndarray, inp: np.ndarray) -> bool:
+    """Run an even all_to_all_single's ``lane`` (None: not learned) on ``out`` and ``inp`` (which share no memory:
+    :func:`_apart_arrays`) if they pass its checks; False: the general path's call.
+
+    The checks: one dtype object and size, below the lane's bound; the output writable, C-contiguous and
+    aligned (flags.carray), the input C-contiguous; the first dimension of each a multiple of the group size
+    (the general path's even split). As the engine's general path, MPI's Alltoallv (every rank calls it,
+    whatever its splits) moves the peers' blocks and this rank's own block is copied here.
+    """
+    n, size = pg._size, inp.size
+    if (
+        lane is None
+        or inp.dtype is not out.dtype
+        or out.size != size
+        or inp.nbytes >= lane[2]
+        or not out.flags.carray
+        or not inp.flags.c_contiguous
+        or not inp.ndim
+        or not out.ndim
+        or inp.shape[0] % n
+        or out.shape[0] % n
+    ):
+        return False
+    k, me = size // n, pg._rank
+    counts = _A2A_COUNTS.get((k, n, me))
+    if counts is None:
+        if len(_A2A_COUNTS) >= 256:
+            _A2A_COUNTS.clear()
+        counts = _A2A_COUNTS[(k, n, me)] = ([0 if r == me else k for r in range(n)], [k * r for r in range(n)])
+    fr = pg._flight
+    entry = None if fr is None else fr.coll("all_to_all_single", lane[1], size, -1)
+    own_block(inp, out, k * me, k * me, k)
+    lane[3](out, inp, counts)
+    if entry is not None:
+        entry[END] = True
+    return True
 
 
 # ------------------------------------------------------------------ barrier

@@ -12,7 +12,7 @@ import numpy as np
 
 from .adapters import Buf
 
-__all__ = ["displacements", "pack", "unpack"]
+__all__ = ["displacements", "own_block", "pack", "unpack"]
 
 
 def displacements(counts: list[int]) -> list[int]:
@@ -40,3 +40,13 @@ def unpack(flat: Any, outs: list[Buf]) -> None:
         pos += n
         if o.writeback is not None:
             o.writeback()
+
+
+def own_block(inp: Any, out: Any, src: int, dst: int, count: int) -> None:
+    """Copy a rank's own block of an all-to-all (``count`` items of ``inp`` at ``src``) into ``out`` at ``dst``,
+    so that MPI moves only the peers' blocks (the rank's own counts given as 0).
+
+    With its own block in the call, MPICH's Alltoallv took 13-27% longer than its Alltoall at 2 ranks
+    (8 B to 8 MiB per rank); with the block copied here, 0.95-1.16x (docs/performance.md).
+    """
+    out.reshape(-1)[dst : dst + count] = inp.reshape(-1)[src : src + count]

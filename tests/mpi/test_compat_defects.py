@@ -7,9 +7,15 @@
   (2n,) is a valid exchange there.
 * ``all_to_all_single`` refused split sizes held as NumPy integers
   (``list(np_array)``, ``[np.int64(2), ...]``); torch takes any integer.
+* ``all_to_all_single`` hung in block mode when one rank's splits were even
+  (none given, or given and even) and another's uneven (found auditing the
+  lanes): each rank chose MPI_Alltoall or MPI_Alltoallv from its own splits,
+  and the two never match. gloo and NCCL exchange such a call.
 """
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -113,3 +119,28 @@ def test_a_number_as_op_is_refused_on_every_rank(op):
     y = np.full(3, float(dist.get_rank() + 1))
     dist.all_reduce(y)
     assert y.tolist() == [sum(range(1, dist.get_world_size() + 1))] * 3
+
+
+def _sent(src: int, dst: int, mixed: bool) -> int:
+    """Items ``src`` sends ``dst``: 2 to and from rank 0 (whose splits are even), else uneven when ``mixed``."""
+    return 2 if 0 in (src, dst) or not mixed else (src + dst) % 3 + 1
+
+
+@pytest.mark.parametrize("rank0", ["none", "explicit"])
+@pytest.mark.parametrize("mixed", [True, False])
+def test_all_to_all_single_ranks_may_pass_even_and_uneven_splits_in_one_call(rank0, mixed):
+    """Rank 0 exchanges 2 items with every rank and passes no split sizes (or even ones); the others pass their
+    own, uneven ones. Twice on a fresh group: the second call of an even rank takes its lane."""
+    size, rank = n(), me()
+    pg = dist.new_group(timeout=timedelta(seconds=30))  # a mismatch fails within 30 s, not the suite's timeout
+    for salt in range(2):
+        send = [_sent(rank, j, mixed) for j in range(size)]
+        recv = [_sent(j, rank, mixed) for j in range(size)]
+        x = np.concatenate([1000 * salt + 100 * rank + 10 * j + np.arange(send[j]) for j in range(size)]).astype(float)
+        out = np.zeros(sum(recv))
+        splits = (None, None) if rank == 0 and rank0 == "none" else (recv, send)
+        dist.all_to_all_single(out, x, *splits, group=pg)
+        want = np.concatenate([1000 * salt + 100 * j + 10 * rank + np.arange(recv[j]) for j in range(size)])
+        assert np.array_equal(out, want), (salt, out, want)
+    dist.destroy_process_group(pg)
+    usable()

@@ -21,6 +21,7 @@ from ..._watchdog import WATCHDOG
 from ...buffers.adapters import Buf, apart, is_slot
 from ...buffers.dtypes import HALF_DTYPES, mpi_datatype
 from ...buffers.packing import displacements as _displs
+from ...buffers.packing import own_block
 from ...buffers.packing import pack as _pack
 from ...buffers.packing import unpack as _unpack
 from ...buffers.reduction import finish_reduce, premultiply, prepare, widen
@@ -60,6 +61,11 @@ def _msg(arr: Any) -> list[Any]:
     return [arr, mpi_datatype(arr.dtype)]
 
 
+def _but(counts: list[int], me: int) -> list[int]:
+    """``counts`` with entry ``me`` zeroed."""
+    return [0 if r == me else c for r, c in enumerate(counts)]
+
+
 def _reduce_type(arr: np.ndarray) -> Any:
     return mpi_datatype(arr.dtype)
 
@@ -74,7 +80,7 @@ _LANES = {
     "gather": ("Gatherv", "gatherv", False),
     "scatter": ("Scatterv", "scatterv", False),
     "reduce_scatter_tensor": ("Reduce_scatter_block", "scatter", True),
-    "all_to_all_single": ("Alltoall", "gather", False),
+    "all_to_all_single": ("Alltoallv", "alltoallv", False),
 }
 
 
@@ -402,13 +408,16 @@ class MPIEngine(Engine):
     ) -> Work | None:
         inp = apart(inp, out)  # the same array or overlapping ones (MPI forbids aliased buffers): send a copy
         mt = mpi_datatype(inp.arr.dtype)
-        if len(set(scounts)) == 1 and len(set(rcounts)) == 1:  # even splits: MPI_Alltoall (measured faster)
-            routine, args = "Alltoall", ([inp.arr, mt], [out.arr, mt])
-        else:
-            routine = "Alltoallv"
-            args = ([inp.arr, (scounts, _displs(scounts)), mt], [out.arr, (rcounts, _displs(rcounts)), mt])
+        # MPI_Alltoallv always, even splits too: every rank must call the same routine, and whether the splits
+        # are even on every rank is known on none (torch lets one rank pass none and another uneven ones)
+        sd, rd = _displs(scounts), _displs(rcounts)
+        me = self.pg._rank
+        if type(out.arr) is np.ndarray and scounts[me]:  # this rank's own block: copied here (MPI's way is slower)
+            own_block(inp.arr, out.arr, sd[me], rd[me], scounts[me])
+            scounts, rcounts = _but(scounts, me), _but(rcounts, me)
+        args = ([inp.arr, (scounts, sd), mt], [out.arr, (rcounts, rd), mt])
         return self._run(
-            routine, args, sync=sync, post=out.writeback, keep=(out, inp), name="all_to_all_single", result=out.obj
+            "Alltoallv", args, sync=sync, post=out.writeback, keep=(out, inp), name="all_to_all_single", result=out.obj
         )
 
     # -- point to point (always non-blocking: receives honour the timeout and can be cancelled) --
