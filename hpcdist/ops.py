@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -187,8 +188,9 @@ def _premul_factor(factor: Any, dtype: str, argname: str) -> Any:
 _INT_RANGE: dict[str, tuple[int, int]] = {}
 
 
-#: plain numbers, which compare and hash equal to RedOpType members (True == 1 == AVG) but are no ReduceOp
-NUMBERS = (bool, int, float, np.number)
+#: plain numbers, which compare and hash equal to RedOpType members (True == 1 == AVG, 3 + 0j == Fraction(3) ==
+#: MIN) but are no ReduceOp; the concrete types first (the common ones), the ABC for the rest (Fraction, Decimal)
+NUMBERS = (bool, int, float, complex, np.number, numbers.Number)
 
 
 def resolve_op(op: Any, dtype: str, argname: str = "op") -> ResolvedOp:

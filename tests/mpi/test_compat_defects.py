@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -99,7 +101,9 @@ def test_all_to_all_single_refuses_non_integer_split_sizes(bad):
     usable()
 
 
-@pytest.mark.parametrize("op", [True, False, 1, 4, 1.0, 4.0, np.int64(1)], ids=repr)
+@pytest.mark.parametrize(
+    "op", [True, False, 1, 4, 1.0, 4.0, np.int64(1), 3 + 0j, Fraction(3), Decimal(4), np.complex64(1)], ids=repr
+)
 def test_a_number_as_op_is_refused_on_every_rank(op):
     """torch raises TypeError for op=True (``all_reduce(t, True)``, meant as async_op) or op=4; hpcdist ran them
     as AVG, SUM, MAX... since a number hashes like the ReduceOp of its value, also after that op's fast lane was
