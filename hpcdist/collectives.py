@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .buffers.adapters import Buf, adapt, adapt_list, tensor_array
-from .buffers.packing import own_block, pack, unpack
+from .buffers.packing import OWN_BLOCK_MIN, own_block, pack, unpack
 from .debug import DETAIL, check_collective, check_traffic
 from .flight import END, attach
 from .group import ProcessGroup, group_rank, resolve_group
@@ -1114,8 +1114,9 @@ def all_to_all_single(
     return work
 
 
-#: (block size, group size, rank) -> MPI's (counts, displacements) of an even all-to-all without the rank's own block
-_A2A_COUNTS: dict[tuple[int, int, int], tuple[list[int], list[int]]] = {}
+#: (block size, item size, group size, rank) -> MPI's (counts, displacements) of an even all-to-all of such blocks,
+#: and whether the rank's own block is copied outside MPI (its count 0 then: OWN_BLOCK_MIN)
+_A2A_COUNTS: dict[tuple[int, int, int, int], tuple[tuple[list[int], list[int]], bool]] = {}
 
 
 def _a2a_lane(pg: ProcessGroup, lane: Any, out: np.ndarray, inp: np.ndarray) -> bool:
@@ -1142,15 +1143,19 @@ def _a2a_lane(pg: ProcessGroup, lane: Any, out: np.ndarray, inp: np.ndarray) -> 
     ):
         return False
     k, me = size // n, pg._rank
-    counts = _A2A_COUNTS.get((k, n, me))
-    if counts is None:
+    key = (k, inp.itemsize, n, me)
+    got = _A2A_COUNTS.get(key)
+    if got is None:
         if len(_A2A_COUNTS) >= 256:
             _A2A_COUNTS.clear()
-        counts = _A2A_COUNTS[(k, n, me)] = ([0 if r == me else k for r in range(n)], [k * r for r in range(n)])
+        own = k * inp.itemsize >= OWN_BLOCK_MIN
+        counts = [0 if r == me and own else k for r in range(n)]
+        got = _A2A_COUNTS[key] = ((counts, [k * r for r in range(n)]), own)
     fr = pg._flight
     entry = None if fr is None else fr.coll("all_to_all_single", lane[1], size, -1)
-    own_block(inp, out, k * me, k * me, k)
-    lane[3](out, inp, counts)
+    if got[1]:
+        own_block(inp, out, k * me, k * me, k)
+    lane[3](out, inp, got[0])
     if entry is not None:
         entry[END] = True
     return True

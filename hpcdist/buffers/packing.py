@@ -12,7 +12,10 @@ import numpy as np
 
 from .adapters import Buf
 
-__all__ = ["displacements", "own_block", "pack", "unpack"]
+__all__ = ["OWN_BLOCK_MIN", "displacements", "own_block", "pack", "unpack"]
+
+#: bytes from which an all-to-all's own block is copied outside MPI (:func:`own_block`); smaller ones go in the call
+OWN_BLOCK_MIN = 32 << 10
 
 
 def displacements(counts: list[int]) -> list[int]:
@@ -47,6 +50,8 @@ def own_block(inp: Any, out: Any, src: int, dst: int, count: int) -> None:
     so that MPI moves only the peers' blocks (the rank's own counts given as 0).
 
     With its own block in the call, MPICH's Alltoallv took 13-27% longer than its Alltoall at 2 ranks
-    (8 B to 8 MiB per rank); with the block copied here, 0.95-1.16x (docs/performance.md).
+    (8 B to 8 MiB per rank); with the block copied here, 0.95-1.02x from 1 MiB per rank, 1.04-1.09x at
+    64 KiB, but no gain at 8 KiB and below, where the copy's own cost (about 1 µs) is what MPI saves
+    (docs/performance.md): hence :data:`OWN_BLOCK_MIN`.
     """
     out.reshape(-1)[dst : dst + count] = inp.reshape(-1)[src : src + count]

@@ -125,26 +125,32 @@ def test_a_number_as_op_is_refused_on_every_rank(op):
     assert y.tolist() == [sum(range(1, dist.get_world_size() + 1))] * 3
 
 
-def _sent(src: int, dst: int, mixed: bool) -> int:
-    """Items ``src`` sends ``dst``: 2 to and from rank 0 (whose splits are even), else uneven when ``mixed``."""
-    return 2 if 0 in (src, dst) or not mixed else (src + dst) % 3 + 1
+def _sent(src: int, dst: int, mixed: bool, scale: int) -> int:
+    """Items ``src`` sends ``dst``: 2 to and from rank 0 (whose splits are even), else uneven when ``mixed``;
+    times ``scale`` (large blocks: a rank's own block is then copied outside MPI)."""
+    return scale * (2 if 0 in (src, dst) or not mixed else (src + dst) % 3 + 1)
 
 
+@pytest.mark.parametrize("engine", ["default", "mpi"])
+@pytest.mark.parametrize("scale", [1, 4096])
 @pytest.mark.parametrize("rank0", ["none", "explicit"])
 @pytest.mark.parametrize("mixed", [True, False])
-def test_all_to_all_single_ranks_may_pass_even_and_uneven_splits_in_one_call(rank0, mixed):
+def test_all_to_all_single_ranks_may_pass_even_and_uneven_splits_in_one_call(rank0, mixed, scale, engine, monkeypatch):
     """Rank 0 exchanges 2 items with every rank and passes no split sizes (or even ones); the others pass their
-    own, uneven ones. Twice on a fresh group: the second call of an even rank takes its lane."""
+    own, uneven ones. Twice on a fresh group: the second call of an even rank takes its lane. On the group's
+    engine, and on MPI's alone (``HPCDIST_SHM=0``: an oversubscribed node sends all-to-alls to shared memory)."""
+    if engine == "mpi":
+        monkeypatch.setenv("HPCDIST_SHM", "0")  # read when the group builds its engine
     size, rank = n(), me()
     pg = dist.new_group(timeout=timedelta(seconds=30))  # a mismatch fails within 30 s, not the suite's timeout
     for salt in range(2):
-        send = [_sent(rank, j, mixed) for j in range(size)]
-        recv = [_sent(j, rank, mixed) for j in range(size)]
-        x = np.concatenate([1000 * salt + 100 * rank + 10 * j + np.arange(send[j]) for j in range(size)]).astype(float)
+        send = [_sent(rank, j, mixed, scale) for j in range(size)]
+        recv = [_sent(j, rank, mixed, scale) for j in range(size)]
+        x = np.concatenate([1e6 * salt + 1e4 * rank + 100 * j + np.arange(send[j]) for j in range(size)])
         out = np.zeros(sum(recv))
         splits = (None, None) if rank == 0 and rank0 == "none" else (recv, send)
         dist.all_to_all_single(out, x, *splits, group=pg)
-        want = np.concatenate([1000 * salt + 100 * j + 10 * rank + np.arange(recv[j]) for j in range(size)])
+        want = np.concatenate([1e6 * salt + 1e4 * j + 100 * rank + np.arange(recv[j]) for j in range(size)])
         assert np.array_equal(out, want), (salt, out, want)
     dist.destroy_process_group(pg)
     usable()
