@@ -16,6 +16,7 @@ aborted.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -262,6 +263,11 @@ def _thread_name(ident: int | None) -> str:
     return next((t.name for t in threading.enumerate() if t.ident == ident), str(ident))
 
 
+#: internal: callables given the text of :func:`abort_job` before it prints it (tests/mpi_pytest.py shows it on
+#: the terminal, where pytest's capture of the test's stderr would lose it with the process)
+ABORT_HOOKS: list[Any] = []
+
+
 def abort_job(text: str, code: int) -> None:
     """Print ``text`` to stderr and end the whole job with ``MPI_Abort(code)``.
 
@@ -272,6 +278,9 @@ def abort_job(text: str, code: int) -> None:
     try:
         from .flight import on_abort
 
+        for hook in ABORT_HOOKS:
+            with contextlib.suppress(Exception):
+                hook(text)
         on_abort(text)  # the flight recorder's dump (it names its file on stderr)
         sys.stdout.flush()
         sys.stderr.write(text)

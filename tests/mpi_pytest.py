@@ -9,7 +9,9 @@ Every test has a deadline (``HPCDIST_TEST_DEADLINE`` seconds, default 300; 0
 turns it off). A rank whose test runs past it writes, on the terminal, the
 test's name, the tail of its own log and the stack of every thread, then ends
 the job (exit status 3): a hung test names itself within minutes instead of
-eating its stage's whole time limit in silence.
+eating its stage's whole time limit in silence. A test during which hpcdist
+ends the job itself (the block-mode watchdog's ``MPI_Abort``) gets its name
+and hpcdist's message on the terminal too: pytest's capture would lose them.
 """
 
 from __future__ import annotations
@@ -35,9 +37,18 @@ class Deadline:
     def __init__(self, seconds: float, rank: int, size: int, terminal: int, log: str | None) -> None:
         self.seconds, self.rank, self.size = seconds, rank, size
         self.terminal, self.log = terminal, log
+        self.test = "(between tests)"
+        from hpcdist._watchdog import ABORT_HOOKS
+
+        ABORT_HOOKS.append(self.aborting)
+
+    def aborting(self, text: str) -> None:
+        """hpcdist is ending the job (MPI_Abort): say so on the terminal, with the test's name."""
+        os.write(self.terminal, f"\n===== rank {self.rank} of {self.size}: {self.test} ends the job: {text}".encode())
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
+        self.test = item.nodeid
         timer = threading.Timer(self.seconds, self.report, args=(item,))
         timer.daemon = True
         timer.start()
@@ -48,6 +59,7 @@ class Deadline:
         finally:
             timer.cancel()
             faulthandler.cancel_dump_traceback_later()
+            self.test = "(between tests)"
 
     def report(self, item: pytest.Item) -> None:
         head = f"rank {self.rank} of {self.size}: {item.nodeid} still running after {self.seconds:.0f}s"

@@ -1,4 +1,5 @@
-"""The MPI test runner's own promises (tests/mpi_pytest.py): a hung test names itself and ends the job."""
+"""The MPI test runner's own promises (tests/mpi_pytest.py): a hung test names itself and ends the job; a test
+during which hpcdist's watchdog ends the job names itself with hpcdist's message."""
 
 from __future__ import annotations
 
@@ -48,3 +49,37 @@ def test_a_hung_test_names_itself_shows_every_rank_and_ends_the_job(tmp_path):
     assert "Barrier()" in out, out  # rank 0's stack
     assert "rank 1 goes to sleep" in out, out  # rank 1's log tail, which its dying process would have lost
     assert "ending the job (exit status 3)" in out, out
+
+
+ABORTED = """
+    from datetime import timedelta
+
+    import numpy as np
+
+    import hpcdist as dist
+
+
+    def test_first_passes():
+        dist.init_process_group("mpi", timeout=timedelta(seconds=2))
+        dist.barrier()
+
+
+    def test_rank_0_reduces_alone():
+        if dist.get_rank() == 0:
+            dist.all_reduce(np.ones(4))  # rank 1 never comes: the block-mode watchdog ends the job
+        else:
+            dist.barrier(timeout=timedelta(seconds=60))
+"""
+
+
+def test_a_test_the_watchdog_ends_names_itself_with_the_watchdogs_message(tmp_path):
+    (tmp_path / "test_aborted.py").write_text(textwrap.dedent(ABORTED))
+    env = {**os.environ, "HPCDIST_WAIT": "block", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("HPCDIST_TIMEOUT", None)
+    cmd = [mpiexec(), "-n", "2", sys.executable, str(ROOT / "tests" / "mpi_pytest.py"), "-q", "-p", "no:cacheprovider"]
+    res = run_limited([*cmd, "test_aborted.py"], env, limit=90, cwd=tmp_path)
+    out = res.output
+    assert not res.timed_out, out
+    assert res.returncode == 124, out  # MPI_Abort(124): the watchdog's status
+    head = "rank 0 of 2: test_aborted.py::test_rank_0_reduces_alone ends the job: hpcdist.DistTimeoutError"
+    assert head in out and "all_reduce" in out, out  # pytest captured rank 0's stderr: this line is the harness's
