@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .buffers.adapters import Buf, adapt, adapt_list, tensor_array
-from .buffers.packing import OWN_BLOCK_MIN, own_block, pack, unpack
+from .buffers.packing import OWN_BLOCK_MIN, own_block, pack, unpack, unpack_arrays
 from .debug import DETAIL, check_collective, check_traffic
 from .flight import END, attach
 from .group import ProcessGroup, group_rank, resolve_group
@@ -570,12 +570,8 @@ def _list_lane(pg: ProcessGroup, lane: Any, tensor_list: Any, inp: np.ndarray) -
     if outs is None:
         return False
     flat = np.empty(n * size, inp.dtype)
-    fr = pg._flight
-    entry = None if fr is None else fr.coll("all_gather", lane[1], size, -1)
-    lane[3](flat, inp)
-    _copy_out(flat, outs, size)
-    if entry is not None:
-        entry[END] = True
+    _lane_call(pg, lane, "all_gather", size, -1, flat, inp)
+    unpack_arrays(flat, outs)
     return True
 
 
@@ -600,23 +596,19 @@ def _list_arrays(lst: Any, ref: np.ndarray, n: int, write: bool) -> list[np.ndar
     return arrays
 
 
-def _copy_out(flat: np.ndarray, outs: list[np.ndarray], size: int) -> None:
-    """Part ``r`` of ``flat`` (``size`` elements each) into ``outs[r]``, in rank order (as the general path's unpack)."""
-    for r, o in enumerate(outs):
-        o.reshape(-1)[...] = flat[r * size : (r + 1) * size]
+#: (size, group size, skipped part) -> MPI's counts and displacements of equal parts (lanes repeat their sizes)
+_EVEN: dict[tuple[int, int, int], tuple[list[int], list[int]]] = {}
 
 
-#: (size, group size) -> the counts and displacements of MPI's Gatherv/Scatterv for equal parts (lanes)
-_EVEN: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
-
-
-def _even(size: int, n: int) -> tuple[list[int], list[int]]:
-    """The counts and displacements of ``n`` parts of ``size`` elements (kept: lanes repeat their sizes)."""
-    got = _EVEN.get((size, n))
+def _even(size: int, n: int, skip: int = -1) -> tuple[list[int], list[int]]:
+    """MPI's counts and displacements of ``n`` parts of ``size`` elements; part ``skip``'s count 0 (an all-to-all's
+    own block, copied outside MPI), -1: none skipped. For the lanes of Gatherv, Scatterv and Alltoallv."""
+    key = (size, n, skip)
+    got = _EVEN.get(key)
     if got is None:
         if len(_EVEN) >= 256:
             _EVEN.clear()
-        got = _EVEN[(size, n)] = ([size] * n, [size * r for r in range(n)])
+        got = _EVEN[key] = ([0 if r == skip else size for r in range(n)], [size * r for r in range(n)])
     return got
 
 
@@ -835,13 +827,9 @@ def _gather_lane(pg: ProcessGroup, lane: Any, gather_list: Any, inp: np.ndarray,
         flat, counts = np.empty(n * size, inp.dtype), _even(size, n)
     elif gather_list:  # the general path's error
         return False
-    fr = pg._flight
-    entry = None if fr is None else fr.coll("gather", lane[1], size, root)
-    lane[3](inp, flat, counts, root)
+    _lane_call(pg, lane, "gather", size, root, inp, flat, counts, root)
     if outs is not None and flat is not None:  # (the root)
-        _copy_out(flat, outs, size)
-    if entry is not None:
-        entry[END] = True
+        unpack_arrays(flat, outs)
     return True
 
 
@@ -907,11 +895,7 @@ def _scatter_lane(pg: ProcessGroup, lane: Any, scatter_list: Any, out: np.ndarra
         flat, counts = np.concatenate([a.reshape(-1) for a in ins]), _even(size, n)
     elif scatter_list:  # the general path's error
         return False
-    fr = pg._flight
-    entry = None if fr is None else fr.coll("scatter", lane[1], size, root)
-    lane[3](out, flat, counts, root)
-    if entry is not None:
-        entry[END] = True
+    _lane_call(pg, lane, "scatter", size, root, out, flat, counts, root)
     return True
 
 
@@ -1114,11 +1098,6 @@ def all_to_all_single(
     return work
 
 
-#: (block size, item size, group size, rank) -> MPI's (counts, displacements) of an even all-to-all of such blocks,
-#: and whether the rank's own block is copied outside MPI (its count 0 then: OWN_BLOCK_MIN)
-_A2A_COUNTS: dict[tuple[int, int, int, int], tuple[tuple[list[int], list[int]], bool]] = {}
-
-
 def _a2a_lane(pg: ProcessGroup, lane: Any, out: np.ndarray, inp: np.ndarray) -> bool:
     """Run an even all_to_all_single's ``lane`` (None: not learned) on ``out`` and ``inp`` (which share no memory:
     :func:`_apart_arrays`) if they pass its checks; False: the general path's call.
@@ -1143,22 +1122,22 @@ def _a2a_lane(pg: ProcessGroup, lane: Any, out: np.ndarray, inp: np.ndarray) -> 
     ):
         return False
     k, me = size // n, pg._rank
-    key = (k, inp.itemsize, n, me)
-    got = _A2A_COUNTS.get(key)
-    if got is None:
-        if len(_A2A_COUNTS) >= 256:
-            _A2A_COUNTS.clear()
-        own = k * inp.itemsize >= OWN_BLOCK_MIN
-        counts = [0 if r == me and own else k for r in range(n)]
-        got = _A2A_COUNTS[key] = ((counts, [k * r for r in range(n)]), own)
-    fr = pg._flight
-    entry = None if fr is None else fr.coll("all_to_all_single", lane[1], size, -1)
-    if got[1]:
+    own = k * inp.itemsize >= OWN_BLOCK_MIN
+    if own:  # this rank's block: copied here, its count 0 (as the engine's path does)
         own_block(inp, out, k * me, k * me, k)
-    lane[3](out, inp, got[0])
+    _lane_call(pg, lane, "all_to_all_single", size, -1, out, inp, _even(k, n, me if own else -1))
+    return True
+
+
+def _lane_call(pg: ProcessGroup, lane: Any, desc: str, count: int, root: int, *args: Any) -> None:
+    """Run ``lane`` on ``args`` as the call ``desc`` of ``count`` items (``root``: -1 if none), recorded in the
+    flight recorder as the general path records it. (all_reduce, broadcast, reduce and the all-gather and
+    reduce-scatter of tensors write this out: their frame and ``*args`` are a tenth of a hot call's cost.)"""
+    fr = pg._flight
+    entry = None if fr is None else fr.coll(desc, lane[1], count, root)
+    lane[3](*args)
     if entry is not None:
         entry[END] = True
-    return True
 
 
 # ------------------------------------------------------------------ barrier

@@ -12,7 +12,7 @@ import numpy as np
 
 from .adapters import Buf
 
-__all__ = ["OWN_BLOCK_MIN", "displacements", "own_block", "pack", "unpack"]
+__all__ = ["OWN_BLOCK_MIN", "displacements", "own_block", "pack", "unpack", "unpack_arrays"]
 
 #: bytes from which an all-to-all's own block is copied outside MPI (:func:`own_block`); smaller ones go in the call
 OWN_BLOCK_MIN = 32 << 10
@@ -35,14 +35,26 @@ def pack(bufs: list[Buf], dtype: Any, xp: Any = np) -> Any:
 
 
 def unpack(flat: Any, outs: list[Buf]) -> None:
-    """Scatter ``flat`` back into ``outs`` in order, then run their write-backs."""
+    """Scatter ``flat`` back into ``outs`` in order, each one's write-back right after its part."""
     pos = 0
     for o in outs:
-        n = o.arr.size
-        o.arr.reshape(-1)[...] = flat[pos : pos + n]
-        pos += n
+        pos = _put(flat, pos, o.arr)
         if o.writeback is not None:
             o.writeback()
+
+
+def unpack_arrays(flat: Any, arrays: list[Any]) -> None:
+    """Scatter ``flat`` back into C-contiguous ``arrays`` in order (one that appears twice: the later part wins)."""
+    pos = 0
+    for a in arrays:
+        pos = _put(flat, pos, a)
+
+
+def _put(flat: Any, pos: int, arr: Any) -> int:
+    """Copy ``arr.size`` items of ``flat`` from ``pos`` into ``arr``; return where the next part starts."""
+    end = pos + arr.size
+    arr.reshape(-1)[...] = flat[pos:end]
+    return end
 
 
 def own_block(inp: Any, out: Any, src: int, dst: int, count: int) -> None:
