@@ -66,7 +66,8 @@ class Deadline:
         lines = [f"\n===== {head} =====\n"]
         if self.log is not None:
             with open(self.log, "rb") as fh:
-                tail = fh.read()[-4000:].decode(errors="replace")
+                fh.seek(max(0, os.path.getsize(self.log) - 4000))
+                tail = fh.read().decode(errors="replace")
             lines.append(f"----- rank {self.rank}: the end of its log -----\n{tail}\n")
         capture = item.config.pluginmanager.getplugin("capturemanager")
         if capture is not None:  # what the test printed so far (pytest holds it until the test ends)

@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import pytest
-from mpirun import ROOT, mpiexec, run_limited
+from mpirun import ROOT, Result, mpiexec, run_limited
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,11 +34,17 @@ STUCK = """
 """
 
 
-def test_a_hung_test_names_itself_shows_every_rank_and_ends_the_job(tmp_path):
-    (tmp_path / "test_stuck.py").write_text(textwrap.dedent(STUCK))
-    env = {**os.environ, "HPCDIST_TEST_DEADLINE": "3", "PYTHONUNBUFFERED": "1"}
+def run_suite(tmp_path, name: str, source: str, **env: str) -> Result:
+    """Run the test file ``source`` as ``name`` under tests/mpi_pytest.py on 2 ranks, with ``env`` added."""
+    (tmp_path / name).write_text(textwrap.dedent(source))
+    full = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT), **env}
+    full.pop("HPCDIST_TIMEOUT", None)  # (the suite's own, from tests/run_all.py)
     cmd = [mpiexec(), "-n", "2", sys.executable, str(ROOT / "tests" / "mpi_pytest.py"), "-q", "-p", "no:cacheprovider"]
-    res = run_limited([*cmd, "test_stuck.py"], env, limit=90, cwd=tmp_path)
+    return run_limited([*cmd, name], full, limit=90, cwd=tmp_path)
+
+
+def test_a_hung_test_names_itself_shows_every_rank_and_ends_the_job(tmp_path):
+    res = run_suite(tmp_path, "test_stuck.py", STUCK, HPCDIST_TEST_DEADLINE="3")
     out = res.output
     assert not res.timed_out, out
     assert res.returncode != 0, out
@@ -72,11 +78,7 @@ ABORTED = """
 
 
 def test_a_test_the_watchdog_ends_names_itself_with_the_watchdogs_message(tmp_path):
-    (tmp_path / "test_aborted.py").write_text(textwrap.dedent(ABORTED))
-    env = {**os.environ, "HPCDIST_WAIT": "block", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
-    env.pop("HPCDIST_TIMEOUT", None)
-    cmd = [mpiexec(), "-n", "2", sys.executable, str(ROOT / "tests" / "mpi_pytest.py"), "-q", "-p", "no:cacheprovider"]
-    res = run_limited([*cmd, "test_aborted.py"], env, limit=90, cwd=tmp_path)
+    res = run_suite(tmp_path, "test_aborted.py", ABORTED, HPCDIST_WAIT="block")
     out = res.output
     assert not res.timed_out, out
     assert res.returncode == 124, out  # MPI_Abort(124): the watchdog's status
