@@ -6,7 +6,8 @@ may change them at once) and the two small collectives that agree on the plan.
 The background thread does no MPI at all — hpcdist does not require
 ``MPI_THREAD_MULTIPLE`` — so the commit goes through the file system: each rank
 writes its HDF5 file, fsyncs it and then a small result file
-(``rank-NNNNN.result.json``, checksums or its error) into the temporary
+(``rank-NNNNN.result.json``, checksums or its error; written whole, then
+renamed, as every file another rank polls for) into the temporary
 directory; group rank 0's thread waits for all of them (the group's timeout),
 writes the metadata and renames the directory; the other ranks' threads wait
 until the checkpoint carries this save's token (or a ``FAILED`` marker). So the
@@ -128,18 +129,17 @@ class SaveWork:
         On a full disk the write is retried until the deadline: the ranks whose
         writes failed are removing their partial files meanwhile.
         """
-        part = tmp / (_result_name(self._rank) + ".part")
+        mine = tmp / _result_name(self._rank)
         while True:
             try:
-                _layout.write_json(part, result)
-                os.rename(part, tmp / _result_name(self._rank))
+                _layout.publish_json(mine, result)
                 return
             except OSError as exc:
                 if time.monotonic() > deadline or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     earlier = f" (after: {result['error']})" if "error" in result else ""
                     raise CheckpointError(
                         f"async save to {str(self.path)!r} failed on group rank {self._rank}: cannot write its result "
-                        f"file {str(part)!r}: {exc}{earlier}; group rank 0 gives up after the group's timeout"
+                        f"file {str(mine)!r}: {exc}{earlier}; group rank 0 gives up after the group's timeout"
                     ) from None
                 time.sleep(0.05)
 
@@ -172,7 +172,7 @@ class SaveWork:
             with contextlib.suppress(OSError):
                 p.unlink()
         try:
-            _layout.write_json(tmp / _FAILED, {"error": msg})
+            _layout.publish_json(tmp / _FAILED, {"error": msg})  # whole or absent: peers poll for it
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointError(
@@ -205,8 +205,14 @@ class SaveWork:
                 f"(seen from group rank {self._rank})"
             ) from None
         if (tmp / _FAILED).exists():
-            with open(tmp / _FAILED) as fh:
-                msg = json.load(fh)["error"]
+            try:
+                with open(tmp / _FAILED) as fh:
+                    msg = json.load(fh)["error"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:  # the marker is published whole; never fail here
+                msg = (
+                    f"async save to {str(self.path)!r} failed (group rank 0 marked it failed; its reason could not "
+                    f"be read on group rank {self._rank}: {type(exc).__name__}: {exc})"
+                )
             with contextlib.suppress(OSError):
                 (tmp / _seen_name(self._rank)).touch()  # rank 0 removes tmp once every peer has seen it
             raise CheckpointError(msg)

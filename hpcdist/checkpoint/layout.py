@@ -25,7 +25,7 @@ import numpy as np
 from . import arrays, schema
 from .shard import Shard, Sharded
 
-__all__ = ["META_NAME", "Leaf", "flatten", "latest", "read_metadata", "write_json"]
+__all__ = ["META_NAME", "Leaf", "flatten", "latest", "publish_json", "read_metadata", "write_json"]
 
 META_NAME = "hpcdist-checkpoint.json"
 FORMAT = "hpcdist-checkpoint"
@@ -153,6 +153,17 @@ def write_json(path: Path, obj: Any) -> None:
         json.dump(obj, fh, indent=1)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def publish_json(path: Path, obj: Any) -> None:
+    """Write JSON that other processes poll for: written whole as ``<name>.part``, then renamed into place.
+
+    A reader that sees ``path`` exist reads all of it, never the empty file a
+    plain write shows between its creation and its first flush.
+    """
+    part = path.with_name(path.name + ".part")
+    write_json(part, obj)
+    os.rename(part, path)
 
 
 def read_metadata(path: Path) -> dict[str, Any]:

@@ -290,6 +290,43 @@ def test_failed_async_save_leaves_nothing_and_names_the_rank_and_file(ckdir, mon
     assert ck.load({"w": np.zeros(4)}, ckdir / "step_2")["w"].tolist() == [2.0] * 4
 
 
+def test_peers_never_read_a_half_written_failure_marker(ckdir, monkeypatch):  # noqa: F811
+    """Rank 0's FAILED marker appears whole: a peer polling for it never reads it empty (a CI failure).
+
+    The marker's write is slowed down on rank 0 (the file is created, stays
+    empty for 0.5 s, then gets its content), the window a loaded machine opens
+    by chance: every rank must still get the failing rank's error.
+    """
+    import time
+
+    from hpcdist.checkpoint import layout
+
+    bad = dist.get_world_size() - 1
+    _fail_writes_on(monkeypatch, bad)
+    real = layout.write_json
+
+    def slow_write_json(path, obj):
+        with open(path, "w") as fh:
+            fh.flush()
+            time.sleep(0.5)  # created and empty: what a peer polling for the marker may see
+        real(path, obj)
+
+    if dist.get_rank() == 0:
+        monkeypatch.setattr(layout, "write_json", slow_write_json)
+    work = ck.async_save({"w": np.ones(8)}, ckdir / "step_1")
+    try:
+        work.wait()
+        said = "no error"
+    except ck.CheckpointError as exc:
+        said = str(exc)
+    seen: list = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, said)  # every rank asserts on every rank's outcome: all pass or all fail
+    for rank_said in seen:
+        assert re.search(rf"group rank {bad}: writing '.*rank-{bad:05d}\.h5'.*No space", rank_said), seen
+    dist.barrier()
+    assert sorted(p.name for p in ckdir.iterdir()) == []
+
+
 def test_unseen_async_error_surfaces_at_the_next_save_once(ckdir, monkeypatch):  # noqa: F811
     _fail_writes_on(monkeypatch, 0)
     work = ck.async_save({"w": np.ones(4)}, ckdir / "step_1")
