@@ -5,6 +5,10 @@ shown (on the terminal) only when that rank failed. The exit code is the worst
 over all ranks. ``--junitxml=PATH`` is honoured by rank 0 only; a failure on
 another rank shows through the exit code.
 
+A test that fails on any rank gets one line on the terminal at once (the
+rank, the test, the error), so the first failure is on record even when the
+stage later ends by its time limit.
+
 Every test has a deadline (``HPCDIST_TEST_DEADLINE`` seconds, default 300; 0
 turns it off). A rank whose test runs past it writes, on the terminal, the
 test's name, the tail of its own log and the stack of every thread, then ends
@@ -32,7 +36,7 @@ GRACE = 10.0
 
 
 class Deadline:
-    """A pytest plugin: one timer per test, on one rank; see the module docstring."""
+    """A pytest plugin on one rank: each failure said at once, one timer per test; see the module docstring."""
 
     def __init__(self, seconds: float, rank: int, size: int, terminal: int, log: str | None) -> None:
         self.seconds, self.rank, self.size = seconds, rank, size
@@ -46,8 +50,19 @@ class Deadline:
         """hpcdist is ending the job (MPI_Abort): say so on the terminal, with the test's name."""
         os.write(self.terminal, f"\n===== rank {self.rank} of {self.size}: {self.test} ends the job: {text}".encode())
 
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:
+            crash = getattr(report.longrepr, "reprcrash", None)  # the exception's "Type: message"
+            lines = (crash.message if crash is not None else str(report.longrepr)).strip().splitlines() or ["?"]
+            why = (lines[0] if crash is not None else lines[-1])[:400]
+            line = f"\n----- rank {self.rank} of {self.size}: {report.nodeid} failed ({report.when}): {why}\n"
+            os.write(self.terminal, line.encode())
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
+        if self.seconds <= 0:
+            yield
+            return
         self.test = item.nodeid
         timer = threading.Timer(self.seconds, self.report, args=(item,))
         timer.daemon = True
@@ -97,13 +112,10 @@ def main() -> int:
         terminal = os.dup(2)
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
-    plugins = []
     seconds = float(os.environ.get("HPCDIST_TEST_DEADLINE", "300"))
-    if seconds > 0:
-        # the terminal as it is now: pytest's capture takes fd 2 of rank 0 while a test runs
-        out = os.dup(2) if terminal is None else terminal
-        plugins.append(Deadline(seconds, rank, size, out, log and log.name))
-    rc = int(pytest.main(args, plugins=plugins))
+    # the terminal as it is now: pytest's capture takes fd 2 of rank 0 while a test runs
+    out = os.dup(2) if terminal is None else terminal
+    rc = int(pytest.main(args, plugins=[Deadline(seconds, rank, size, out, log and log.name)]))
     if rc == 5:  # no tests collected is not a failure here
         rc = 0
     codes = comm.allgather(rc)

@@ -1,9 +1,12 @@
-"""The MPI test runner's own promises (tests/mpi_pytest.py): a hung test names itself and ends the job; a test
-during which hpcdist's watchdog ends the job names itself with hpcdist's message."""
+"""The MPI test runner's own promises (tests/mpi_pytest.py, tests/mpi/conftest.py): a hung test names itself and
+ends the job; a test during which hpcdist's watchdog ends the job names itself with hpcdist's message; a failure on
+any rank is said at once, and a failure that leaves the ranks out of step ends the session instead of failing
+every test after it."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import textwrap
 
@@ -37,8 +40,9 @@ STUCK = """
 def run_suite(tmp_path, name: str, source: str, **env: str) -> Result:
     """Run the test file ``source`` as ``name`` under tests/mpi_pytest.py on 2 ranks, with ``env`` added."""
     (tmp_path / name).write_text(textwrap.dedent(source))
-    full = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT), **env}
+    full = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
     full.pop("HPCDIST_TIMEOUT", None)  # (the suite's own, from tests/run_all.py)
+    full.update(env)
     cmd = [mpiexec(), "-n", "2", sys.executable, str(ROOT / "tests" / "mpi_pytest.py"), "-q", "-p", "no:cacheprovider"]
     return run_limited([*cmd, name], full, limit=90, cwd=tmp_path)
 
@@ -84,3 +88,44 @@ def test_a_test_the_watchdog_ends_names_itself_with_the_watchdogs_message(tmp_pa
     assert res.returncode == 124, out  # MPI_Abort(124): the watchdog's status
     head = "rank 0 of 2: test_aborted.py::test_rank_0_reduces_alone ends the job: hpcdist.DistTimeoutError"
     assert head in out and "all_reduce" in out, out  # pytest captured rank 0's stderr: this line is the harness's
+
+
+OUT_OF_STEP = """
+    import numpy as np
+
+    import hpcdist as dist
+
+
+    def test_first_passes():
+        dist.all_reduce(np.ones(2))
+
+
+    def test_rank_1_fails_early():
+        if dist.get_rank() == 1:
+            raise AssertionError("rank 1 fails before the barrier")
+        dist.barrier()  # rank 1 never comes: times out here, and the default group is out of step after it
+
+
+    def test_after_it_1():
+        dist.barrier()
+
+
+    def test_after_it_2():
+        dist.barrier()
+"""
+
+
+def test_a_failure_on_one_rank_is_said_at_once_and_an_out_of_step_group_ends_the_session(tmp_path):
+    for helper in ("conftest.py", "matrix.py"):  # the MPI suite's own fixtures: the in-step check between tests
+        shutil.copy(ROOT / "tests" / "mpi" / helper, tmp_path / helper)
+    res = run_suite(tmp_path, "test_oos.py", OUT_OF_STEP, HPCDIST_WAIT="poll", HPCDIST_TIMEOUT="2")
+    out = res.output
+    assert not res.timed_out, out
+    assert res.returncode == 124, out  # the timeout poisoned the processes: they end with MPI_Abort(124)
+    assert "exit codes by rank: [2, 2]" in out, out  # both sessions ended early (pytest.exit), not by a timeout
+    assert "rank 1: a peer left (rank 0: the default group fails after test_oos.py::test_rank_1_fails_early" in out
+    said = "rank 1 of 2: test_oos.py::test_rank_1_fails_early failed (call): AssertionError: rank 1 fails before"
+    assert said in out, out  # rank 1's failure, on the terminal as it happens (its log is shown only at the end)
+    assert "rank 0 of 2: test_oos.py::test_rank_1_fails_early failed (call): hpcdist" in out, out  # the timeout
+    assert "ending the session" in out, out
+    assert "test_oos.py::test_after_it_2" not in out, out  # no cascade of failures after the first
