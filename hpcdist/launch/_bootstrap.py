@@ -198,10 +198,13 @@ def _record(status_dir: str, rank: int, exc: BaseException | None, code: object 
         what = f"exited with status {code}"
     else:  # sys.exit("message"): Python prints the message and exits with 1
         what = f"exited with status 1: {code}"
+    path = Path(status_dir, f"rank-{rank}.json")
+    part = path.with_name(path.name + ".part")  # written whole, then renamed: `hpcdist run` polls for the name
     try:
-        Path(status_dir, f"rank-{rank}.json").write_text(
+        part.write_text(
             json.dumps({"rank": rank, "error": (what.splitlines() or [""])[0][:300], "status": int(status)})
         )
+        os.replace(part, path)
     except OSError:
         pass  # a remote node without the launcher's /tmp: the summary line is a nicety
 

@@ -112,6 +112,26 @@ def test_record_keeps_the_exit_status(tmp_path, exc, code, error, status):
     assert json.loads((tmp_path / "rank-2.json").read_text()) == {"rank": 2, "error": error, "status": status}
 
 
+def test_record_never_shows_hpcdist_run_a_half_written_status(tmp_path, monkeypatch):
+    """`hpcdist run` polls for ``rank-*.json``: the status is written under another name, then renamed."""
+    from pathlib import Path
+
+    seen_while_writing: list[list[str]] = []
+    real = Path.write_text
+
+    def write_text(self, data, *args, **kwargs):
+        real(self, data[: len(data) // 2], *args, **kwargs)  # half written: what a poller may meet
+        seen_while_writing.append([p.name for p in tmp_path.glob("rank-*.json")])  # run.py's _failures glob
+        return real(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    _record(str(tmp_path), 4, RuntimeError("boom"))
+    monkeypatch.undo()
+    assert seen_while_writing == [[]]
+    assert runmod._failures(str(tmp_path)) == [{"rank": 4, "error": "RuntimeError: boom", "status": 1}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-4.json"]
+
+
 @pytest.mark.parametrize(("recorded", "want"), [({"status": 3}, 3), ({"status": 300}, 1), ({}, 1)])
 def test_failed_status_is_the_ranks(tmp_path, recorded, want):
     (tmp_path / "rank-1.json").write_text(json.dumps({"rank": 1, "error": "x", **recorded}))
