@@ -226,6 +226,8 @@ def make(fn, what, domain, on_busy, owner, inflight, head, spec, tail):
             raise on_busy(what[0])
         try:
             return {call}
+        except _MPIError as exc:  # MPI's own error (a message that did not fit): hpcdist's, naming the operation
+            raise _failure(what, exc) from exc
         finally:
             del inflight[domain]
 
@@ -241,8 +243,12 @@ def _guard_factory(shape: str) -> Any:
     """
     make = _FACTORIES.get(shape)
     if make is None:
+        from mpi4py import MPI
+
+        from .work import mpi_failure
+
         params, call = _SHAPES[shape]
-        namespace: dict[str, Any] = {}
+        namespace: dict[str, Any] = {"_MPIError": MPI.Exception, "_failure": mpi_failure}
         exec(_GUARD_SOURCE.format(params=params, call=call), namespace)  # the fixed source above
         make = _FACTORIES[shape] = namespace["make"]
     return make

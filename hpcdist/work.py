@@ -171,16 +171,36 @@ def mpi_failure(name: Any, exc: BaseException) -> BaseException:
     if not isinstance(exc, MPI.Exception):
         return exc
     detail = str(exc).strip().splitlines()[-1].strip() if str(exc).strip() else "no message"
-    if exc.Get_error_class() == MPI.ERR_TRUNCATE:
+    cls = exc.Get_error_class()
+    if cls == MPI.ERR_TRUNCATE:
         what = (
             "the message is larger than the receive buffer (MPI_ERR_TRUNCATE): a receive must be at least as large "
             "as the message it matches (pass an array of the sender's size and dtype)"
         )
     else:
-        what = f"MPI reported error class {exc.Get_error_class()}"
+        what = f"MPI reported error class {cls} ({_error_string(cls)})"
+    op = name[0] if isinstance(name, tuple) else name
+    if cls in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS) and op not in _P2P_NAMES:
+        what += (
+            "; in a collective this usually means the ranks passed arrays of different sizes "
+            "(TORCH_DISTRIBUTED_DEBUG=DETAIL checks every call and names the ranks)"
+        )
     err = DistBackendError(f"{describe_op(name)} failed: {what}; MPI: {detail}")
     err.__cause__ = exc
     return err
+
+
+#: operations whose MPI errors concern one message, not the group's agreement on sizes
+_P2P_NAMES = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"})
+
+
+def _error_string(cls: int) -> str:
+    from mpi4py import MPI
+
+    try:
+        return str(MPI.Get_error_string(cls)).strip()
+    except Exception:  # an error class the library cannot describe
+        return "no description"
 
 
 class Work:
