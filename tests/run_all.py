@@ -143,6 +143,9 @@ def main() -> int:
     only = [s for s in args.only.split(",") if s]
     env = dict(os.environ)
     env.setdefault("HPCDIST_TIMEOUT", "120")  # a mismatched collective in a test fails, never hangs
+    # a hung MPI test reports itself (name, stacks) within 240 s: well inside its stage's 600 s limit, which
+    # otherwise kills the job first when the hang starts after the stage's first 300 s
+    env.setdefault("HPCDIST_TEST_DEADLINE", "240")
     env["PYTHONUNBUFFERED"] = "1"
     tot = [0, 0, 0]
     bad: list[str] = []
