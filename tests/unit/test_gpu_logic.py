@@ -500,6 +500,44 @@ def test_event_work_completes_with_its_event_and_drops_buffers():
     assert work.get_future().value() == []
 
 
+@pytest.mark.parametrize(
+    ("timeout", "error"),
+    [(-1.0, ValueError), (float("nan"), ValueError), ("5", TypeError), (True, TypeError), ([], TypeError)],
+    ids=["negative", "nan", "str", "bool", "list"],
+)
+def test_event_work_checks_its_timeout_as_work_wait_does(timeout, error):
+    """It passed float(timeout) unchecked ('5' waited 5 s, -1 timed out at once) and wait() ignored it."""
+    from hpcdist.work import Work
+
+    reference = Work((), None, None, 5.0, "all_reduce")  # the host Work's wait: the independent reference
+    with pytest.raises(error, match=r"Work\.wait: timeout must be"):
+        reference.wait(timeout)
+    ev = _Event()
+    work, stream = _event_work(ev, None)
+    with pytest.raises(error, match=r"Work\.wait: timeout must be"):
+        work.wait(timeout)
+    assert stream.waited == []  # refused before the stream was ordered to wait
+    with pytest.raises(error, match=r"Work\.wait: timeout must be"):
+        work.synchronize(timeout)
+    assert work._exc is None and not work.is_completed()  # no timeout recorded: the operation is still pending
+
+
+def test_event_work_synchronize_waits_its_timeout_then_raises():
+    import time
+    from datetime import timedelta
+
+    from hpcdist.errors import DistTimeoutError
+
+    work, _ = _event_work(_Event(), None)
+    t0 = time.monotonic()
+    with pytest.raises(DistTimeoutError, match=r"all_reduce \(NCCL\) did not complete on the GPU within 0.2s"):
+        work.synchronize(timedelta(seconds=0.2))
+    assert time.monotonic() - t0 >= 0.2  # it waited (a zero-second limit would be the group's 5 s)
+    done, _ = _event_work(_Event(done=True), None)
+    done.synchronize(0)  # zero: the group's timeout, and the event is done
+    assert done.is_completed()
+
+
 def test_event_works_on_one_stream_combine_into_the_last_event():
     from hpcdist.work import Work
 

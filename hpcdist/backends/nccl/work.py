@@ -17,7 +17,7 @@ from typing import Any
 
 from ...errors import TIMEOUT_FIX, DistTimeoutError, timeout_message
 from ...gpu.streams import require_cupy
-from ...work import Work, _as_list
+from ...work import Work, _as_list, _wait_limit
 
 __all__ = ["CudaEventWork"]
 
@@ -66,7 +66,14 @@ class CudaEventWork(Work):
         return cupy.cuda.get_current_stream()
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
-        """Make the current stream wait for the operation; True. Does not block the host."""
+        """Make the current stream wait for the operation; True. Does not block the host.
+
+        ``timeout`` is checked as :meth:`Work.wait` checks it (TypeError or
+        ValueError before anything happens) and otherwise unused: nothing
+        waits on the host (torch's NCCL ``Work.wait`` hands it to its watchdog).
+        """
+        if timeout is not None:
+            _wait_limit(timeout, self._timeout_s)
         if self._exc is not None:
             raise self._exc
         self._current_stream().wait_event(self._event)
@@ -82,11 +89,7 @@ class CudaEventWork(Work):
 
     def synchronize(self, timeout: timedelta | float | None = None) -> None:
         """Block the host until the operation completed on the GPU."""
-        limit = (
-            self._timeout_s
-            if timeout is None
-            else (timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout))
-        )
+        limit = self._timeout_s if timeout is None else _wait_limit(timeout, self._timeout_s)
         deadline = time.monotonic() + limit
         delay = 0.00002
         while not self._event.done:
