@@ -30,6 +30,7 @@ from hpcdist.errors import DistBackendError
 from hpcdist.rendezvous import mpi_env
 from hpcdist.rendezvous.detect import detect_launcher, launcher_rank_size
 from hpcdist.rendezvous.fields import check_rank_world, check_rank_world_types, env_int, parse_int, query_to_dict
+from hpcdist.rendezvous.init_guard import bounded_mpi_init
 from hpcdist.rendezvous.ports import join_over_ports
 from hpcdist.rendezvous.registry import registered_schemes, rendezvous, scheme_of
 
@@ -76,7 +77,8 @@ def join_world(
     launcher = detect_launcher()
     if launcher is None:  # hpcdist starts MPI here: with its settings for launcher-free worlds
         mpi_env.apply()
-    from mpi4py import MPI
+    with bounded_mpi_init(timeout.total_seconds(), None if launcher is None else launcher_rank_size()):
+        from mpi4py import MPI  # MPI_Init: under a launcher it waits for every rank of the launch
 
     size = MPI.COMM_WORLD.Get_size()
     if size > 1:

@@ -6,6 +6,8 @@ elapsed times are hang guards (generous), never speed claims.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from mpirun import run_mpi
 
@@ -195,6 +197,59 @@ dist.all_reduce(np.ones(4))
     assert r.returncode == status, r.output
     assert "RANK1 FINALLY RAN" in r.stdout
     assert f"[rank 1] hpcdist: exiting with status {status} while the process group is up" in r.stderr, r.output
+
+
+@pytest.mark.parametrize("how", ["raise RuntimeError('bad config')", "os._exit(0)"])
+def test_a_rank_that_ends_before_init_does_not_leave_the_others_in_mpi_init(tmp_path, how):
+    """Under mpiexec (Hydra) a rank that ended before MPI_Init, with any status, left the others waiting in
+    MPI_Init for ever (measured: still there after the test's limit). init_process_group's timeout bounds it now:
+    each waiting rank says why and is ended, and the launcher ends the job."""
+    script = (
+        PRELUDE
+        + f"""
+if os.environ.get("PMI_RANK") == "2":
+    {how}
+dist.init_process_group("mpi", timeout=timedelta(seconds=3))
+say("INIT RETURNED")
+"""
+    )
+    r = run_mpi(3, script, tmp_path, limit=60)
+    assert not r.timed_out, "a rank that ended before init left the others in MPI_Init"
+    assert r.returncode != 0, r.output
+    assert "INIT RETURNED" not in r.stdout, r.output
+    assert re.search(r"hpcdist: MPI_Init on rank [01] \(pid \d+\) did not complete within 3s", r.stderr), r.output
+    assert "a rank that ended before init_process_group" in r.stderr, r.output
+
+
+def test_init_under_a_launcher_leaves_no_watcher_behind(tmp_path):
+    """The MPI_Init bound's watcher process ends once MPI is up: no child of the rank is left after init."""
+    script = (
+        PRELUDE
+        + """
+def children():
+    kids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                    kids.append(pid)
+        except (OSError, ValueError, IndexError):
+            pass  # gone meanwhile
+    return kids
+
+
+dist.init_process_group("mpi", timeout=timedelta(seconds=60))
+deadline = time.monotonic() + 10
+while children() and time.monotonic() < deadline:
+    time.sleep(0.05)
+say("rank", dist.get_rank(), "children", children())
+dist.barrier()
+"""
+    )
+    r = run_mpi(2, script, tmp_path, limit=60)
+    assert r.returncode == 0 and not r.timed_out, r.output
+    said = sorted(line for line in r.stdout.splitlines() if "children" in line)
+    assert said == ["rank 0 children []", "rank 1 children []"], r.output
 
 
 def test_exiting_with_status_0_everywhere_finalizes_normally(tmp_path):
