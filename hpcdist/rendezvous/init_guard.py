@@ -59,7 +59,8 @@ def bounded_mpi_init(seconds: float, declared: tuple[int, int] | None) -> Iterat
         return
     script = (
         f"{shlex.quote(tool)} {seconds:.3f} cat >/dev/null; "
-        f"[ $? -eq 124 ] && printf '%s\\n' {shlex.quote(_message(seconds, declared[0]))} >&2 && kill -{int(signal.SIGKILL)} {os.getpid()}"
+        f"[ $? -eq 124 ] && {{ printf '%s\\n' {shlex.quote(_message(seconds, declared[0]))} >&2; "
+        f"kill -{int(signal.SIGKILL)} {os.getpid()}; }}"  # killed even where stderr cannot be written
     )
     read_end, write_end = os.pipe()
     try:
