@@ -140,7 +140,12 @@ def mpi_rendezvous_handler(url: str, timeout: Any = None, **kwargs: Any) -> Iter
     Collective over ``COMM_WORLD``. A ``rank``/``world_size`` in the URL
     query (torch puts the arguments there) must agree with MPI's.
     """
-    from mpi4py import MPI
+    from ..rendezvous.detect import launcher_rank_size
+    from ..rendezvous.init_guard import bounded_mpi_init
+
+    tmo = timeout if isinstance(timeout, timedelta) else timedelta(minutes=30)
+    with bounded_mpi_init(tmo.total_seconds(), launcher_rank_size()):
+        from mpi4py import MPI  # MPI_Init: it waits for every rank of the launch (bounded by the timeout)
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -159,7 +164,6 @@ def mpi_rendezvous_handler(url: str, timeout: Any = None, **kwargs: Any) -> Iter
             "wired to the launcher (e.g. srun without --mpi=pmi2/pmix); use the MPI's own mpiexec, the matching "
             "srun --mpi= plugin, or torchrun-style MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE"
         )
-    tmo = timeout if isinstance(timeout, timedelta) else timedelta(minutes=30)
     store = _mpi_store(comm, tmo)
     yield (store, rank, size)
     raise RuntimeError("Unable to perform re-rendezvous using mpi:// method")

@@ -221,6 +221,25 @@ say("INIT RETURNED")
     assert "a rank that ended before init_process_group" in r.stderr, r.output
 
 
+def test_the_torch_backends_init_is_bounded_the_same_way(tmp_path):
+    """torch.distributed.init_process_group("hpcdist") under mpiexec starts MPI in hpcdist's mpi:// rendezvous."""
+    pytest.importorskip("torch")
+    script = """
+import os
+from datetime import timedelta
+if os.environ.get("PMI_RANK") == "1":
+    raise RuntimeError("bad config")
+import torch.distributed as td
+import hpcdist.torch  # the "hpcdist" backend
+td.init_process_group("hpcdist", timeout=timedelta(seconds=3))
+print("INIT RETURNED", flush=True)
+"""
+    r = run_mpi(2, script, tmp_path, limit=90)
+    assert not r.timed_out, "a rank that ended before init left the other in MPI_Init"
+    assert r.returncode != 0 and "INIT RETURNED" not in r.stdout, r.output
+    assert "hpcdist: MPI_Init on rank 0 (pid " in r.stderr and "did not complete within 3s" in r.stderr, r.output
+
+
 def test_init_under_a_launcher_leaves_no_watcher_behind(tmp_path):
     """The MPI_Init bound's watcher process ends once MPI is up: no child of the rank is left after init."""
     script = (
