@@ -190,8 +190,9 @@ def mpi_failure(name: Any, exc: BaseException) -> BaseException:
     return err
 
 
-#: operations whose MPI errors concern one message, not the group's agreement on sizes
-_P2P_NAMES = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"})
+#: the names of point-to-point operations' Works and calls (every p2p call, batched and object ones too): their MPI
+#: errors concern one message, not the group's agreement on sizes
+_P2P_NAMES = frozenset({"send", "recv"})
 
 
 def _error_string(cls: int) -> str:

@@ -77,14 +77,14 @@ def join_world(
     launcher = detect_launcher()
     if launcher is None:  # hpcdist starts MPI here: with its settings for launcher-free worlds
         mpi_env.apply()
-    with bounded_mpi_init(timeout.total_seconds(), None if launcher is None else launcher_rank_size()):
+    declared = None if launcher is None else launcher_rank_size()
+    with bounded_mpi_init(timeout.total_seconds(), declared):
         from mpi4py import MPI  # MPI_Init: under a launcher it waits for every rank of the launch
 
     size = MPI.COMM_WORLD.Get_size()
     if size > 1:
         return _join_launched(init_method, store, rank, world_size, launcher or "mpi", timeout)
     if launcher is not None:
-        declared = launcher_rank_size()
         if declared is None or declared[1] == 1:
             return _join_launched(init_method, store, rank, world_size, launcher, timeout)
         return _join_unwired(init_method, store, rank, world_size, launcher, declared, timeout)

@@ -144,7 +144,8 @@ def mpi_rendezvous_handler(url: str, timeout: Any = None, **kwargs: Any) -> Iter
     from ..rendezvous.init_guard import bounded_mpi_init
 
     tmo = timeout if isinstance(timeout, timedelta) else timedelta(minutes=30)
-    with bounded_mpi_init(tmo.total_seconds(), launcher_rank_size()):
+    stated = launcher_rank_size()  # (rank, size) as the launcher's variables state them, or None
+    with bounded_mpi_init(tmo.total_seconds(), stated):
         from mpi4py import MPI  # MPI_Init: it waits for every rank of the launch (bounded by the timeout)
 
     comm = MPI.COMM_WORLD
@@ -157,7 +158,7 @@ def mpi_rendezvous_handler(url: str, timeout: Any = None, **kwargs: Any) -> Iter
                 f"init_method {url!r}: {field}={given} contradicts the MPI launch, where this process is rank "
                 f"{rank} of {size}; drop the {field} argument (the launcher decides it) or make it match"
             )
-    declared = _declared_size()
+    declared = None if stated is None else stated[1]
     if size == 1 and declared not in (None, 1):
         raise ValueError(
             f"the launcher started {declared} processes but MPI's COMM_WORLD has size 1 in each: this MPI is not "
@@ -167,13 +168,6 @@ def mpi_rendezvous_handler(url: str, timeout: Any = None, **kwargs: Any) -> Iter
     store = _mpi_store(comm, tmo)
     yield (store, rank, size)
     raise RuntimeError("Unable to perform re-rendezvous using mpi:// method")
-
-
-def _declared_size() -> int | None:
-    from ..rendezvous.detect import launcher_rank_size
-
-    got = launcher_rank_size()
-    return None if got is None else got[1]
 
 
 def _mpi_store(comm: Any, timeout: timedelta) -> Any:

@@ -6,10 +6,11 @@ elapsed times are hang guards (generous), never speed claims.
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
-from mpirun import run_mpi
+from mpirun import ROOT, run_mpi
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -245,16 +246,7 @@ def test_init_under_a_launcher_leaves_no_watcher_behind(tmp_path):
     script = (
         PRELUDE
         + """
-def children():
-    kids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
-                    kids.append(pid)
-        except (OSError, ValueError, IndexError):
-            pass  # gone meanwhile
-    return kids
+from proc_children import children
 
 
 dist.init_process_group("mpi", timeout=timedelta(seconds=60))
@@ -265,7 +257,8 @@ say("rank", dist.get_rank(), "children", children())
 dist.barrier()
 """
     )
-    r = run_mpi(2, script, tmp_path, limit=60)
+    path = os.pathsep.join((str(ROOT), str(ROOT / "tests")))  # hpcdist and tests/proc_children
+    r = run_mpi(2, script, tmp_path, limit=60, env={"PYTHONPATH": path})
     assert r.returncode == 0 and not r.timed_out, r.output
     said = sorted(line for line in r.stdout.splitlines() if "children" in line)
     assert said == ["rank 0 children []", "rank 1 children []"], r.output

@@ -68,8 +68,9 @@ def _in_step(request):
 
 
 def _step(test: str, when: str) -> None:
-    if not _meet(_STEP[0], _step_timeout()):
-        _leave(f"the ranks did not meet {when} {test} within {_step_timeout():g}s (a peer is stuck or gone)")
+    limit = _step_timeout()
+    if not _meet(_STEP[0], limit):
+        _leave(f"the ranks did not meet {when} {test} within {limit:g}s (a peer is stuck or gone)")
     try:
         dist.barrier()
     except Exception as exc:

@@ -18,13 +18,12 @@ on every rank before any data moves (tests/mpi/test_detail_sizes.py).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import hpcdist as dist
+from hpcdist.config import wait_mode
 from hpcdist.debug import DebugLevel, get_debug_level
 
 K = 3
@@ -34,7 +33,7 @@ K = 3
 def _block_mode_without_detail():
     if dist.get_world_size() < 2:
         pytest.skip("needs 2 or more ranks")
-    if os.environ.get("HPCDIST_WAIT", "block") != "block":
+    if wait_mode() != "block":
         pytest.skip("poll mode: MPI reports no truncation of a non-blocking scatter or gather (documented)")
     if get_debug_level() == DebugLevel.DETAIL:
         pytest.skip("DETAIL refuses the call before any data moves (test_detail_sizes.py)")

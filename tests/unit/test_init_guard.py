@@ -3,30 +3,20 @@ MPI_Init that waits for a rank that never comes; tests/integration/test_faults.p
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.timeout(60)
 
 PROG = """
-import os, sys, time
+import sys, time
 from hpcdist.rendezvous.init_guard import bounded_mpi_init
-
-
-def children():
-    kids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
-                    kids.append(pid)
-        except (OSError, ValueError, IndexError):
-            pass
-    return kids
-
+from proc_children import children
 
 declared = None if sys.argv[2] == "none" else (1, int(sys.argv[2]))
 with bounded_mpi_init(float(sys.argv[1]), declared):
@@ -39,9 +29,14 @@ print("after", len(children()), flush=True)
 """
 
 
+TESTS = Path(__file__).resolve().parents[1]  # tests/: proc_children
+
+
 def run(limit: float, size: str, sleep: float, close_stderr: bool = False) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(p for p in (str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
     return subprocess.run(
         [sys.executable, "-c", PROG, str(limit), size, str(sleep)],
+        env={**os.environ, "PYTHONPATH": path},
         capture_output=not close_stderr,
         stdout=subprocess.PIPE if close_stderr else None,
         stderr=subprocess.DEVNULL if close_stderr else None,
