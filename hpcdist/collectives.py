@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .buffers.adapters import Buf, adapt, adapt_list, tensor_array
-from .buffers.packing import OWN_BLOCK_MIN, own_block, pack, unpack, unpack_arrays
+from .buffers.packing import own_block, pack, unpack, unpack_arrays
 from .debug import DETAIL, check_collective, check_traffic
 from .flight import END, attach
 from .group import ProcessGroup, group_rank, resolve_group
@@ -1122,9 +1122,7 @@ def _a2a_lane(pg: ProcessGroup, lane: Any, out: np.ndarray, inp: np.ndarray) -> 
     ):
         return False
     k, me = size // n, pg._rank
-    own = k * inp.itemsize >= OWN_BLOCK_MIN
-    if own:  # this rank's block: copied here, its count 0 (as the engine's path does)
-        own_block(inp, out, k * me, k * me, k)
+    own = own_block(inp, out, k * me, k * me, k)  # a large own block: copied here, its count 0 (as the engine's)
     _lane_call(pg, lane, "all_to_all_single", size, -1, out, inp, _even(k, n, me if own else -1))
     return True
 

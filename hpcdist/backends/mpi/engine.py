@@ -20,8 +20,8 @@ import numpy as np
 from ..._watchdog import WATCHDOG
 from ...buffers.adapters import Buf, apart, is_slot
 from ...buffers.dtypes import HALF_DTYPES, mpi_datatype
-from ...buffers.packing import OWN_BLOCK_MIN, own_block
 from ...buffers.packing import displacements as _displs
+from ...buffers.packing import own_block
 from ...buffers.packing import pack as _pack
 from ...buffers.packing import unpack as _unpack
 from ...buffers.reduction import finish_reduce, premultiply, prepare, widen
@@ -412,9 +412,8 @@ class MPIEngine(Engine):
         # are even on every rank is known on none (torch lets one rank pass none and another uneven ones)
         sd, rd = _displs(scounts), _displs(rcounts)
         me = self.pg._rank
-        if type(out.arr) is np.ndarray and scounts[me] * inp.arr.itemsize >= OWN_BLOCK_MIN:  # this rank's own
-            # block: copied here (MPI's way is slower for large blocks)
-            own_block(inp.arr, out.arr, sd[me], rd[me], scounts[me])
+        # a large own block of host arrays: copied here (MPI's way is slower for large blocks), its counts 0
+        if type(out.arr) is np.ndarray and own_block(inp.arr, out.arr, sd[me], rd[me], scounts[me]):
             scounts, rcounts = _but(scounts, me), _but(rcounts, me)
         args = ([inp.arr, (scounts, sd), mt], [out.arr, (rcounts, rd), mt])
         return self._run(
