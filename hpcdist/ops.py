@@ -108,6 +108,7 @@ def _make_nccl_premul_sum(factor: Any) -> _PremulSum:
 
 _NO_COMPLEX = {RedOpType.MAX, RedOpType.MIN, RedOpType.PRODUCT, RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR}
 _BITWISE = {RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR}
+_MINMAX = {RedOpType.MIN, RedOpType.MAX}
 
 
 def supports_complex(reduceOp: Any) -> bool:
@@ -119,16 +120,25 @@ def supports_complex(reduceOp: Any) -> bool:
 class ResolvedOp:
     """An op checked against one dtype: what MPI runs plus the scaling around it."""
 
-    __slots__ = ("average", "direct", "kind", "mpi_name", "plain", "premul")
+    __slots__ = ("average", "direct", "kind", "mpi_name", "ordered", "plain", "premul")
 
     def __init__(
-        self, kind: RedOpType, mpi_name: str, premul: Any = None, average: bool = False, half: bool = False
+        self,
+        kind: RedOpType,
+        mpi_name: str,
+        premul: Any = None,
+        average: bool = False,
+        half: bool = False,
+        ordered: bool = False,
     ) -> None:
         self.kind = kind
         self.mpi_name = mpi_name  # attribute of mpi4py.MPI: "SUM", "PROD", ...
         self.premul = premul
         self.average = average
-        self.plain = premul is None and not average  # MPI's op alone gives the answer
+        # MIN/MAX of floats: MPI runs them on integer keys of the bits (:func:`hpcdist.buffers.reduction.order_keys`),
+        # which order NaN first; MPI's own MIN/MAX compare with ``<`` and lose a NaN, or worse (sharp-bits.md)
+        self.ordered = ordered
+        self.plain = premul is None and not average and not ordered  # MPI's op alone gives the answer
         # ... on the array itself (``half``: a float16/bfloat16 array, reduced in float32 instead)
         self.direct = self.plain and not half
 
@@ -155,6 +165,8 @@ _BOOL_NAME = {
     RedOpType.BXOR: "LXOR",
 }
 _HALF = ("float16", "bfloat16")
+#: the floating dtypes whose MIN/MAX run on ordered integer keys (longdouble: MPI's own, see sharp-bits.md)
+_ORDERED = frozenset({"float16", "bfloat16", "float32", "float64"})
 #: (op, dtype name) -> ResolvedOp: what resolve_op checked once (collectives look it up first, on the hot path)
 CACHE: dict[tuple[Any, str], ResolvedOp] = {}
 
@@ -236,6 +248,12 @@ def resolve_op(op: Any, dtype: str, argname: str = "op") -> ResolvedOp:
             raise ValueError(f"{argname}=ReduceOp.AVG is not defined for bool arrays")
         resolved = ResolvedOp(kind, _BOOL_NAME[kind])
     else:
-        resolved = ResolvedOp(kind, _MPI_NAME[kind], average=kind is RedOpType.AVG, half=dtype in _HALF)
+        resolved = ResolvedOp(
+            kind,
+            _MPI_NAME[kind],
+            average=kind is RedOpType.AVG,
+            half=dtype in _HALF,
+            ordered=kind in _MINMAX and dtype in _ORDERED,
+        )
     CACHE[key] = resolved
     return resolved

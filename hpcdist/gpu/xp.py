@@ -13,13 +13,14 @@ from typing import Any
 from ..buffers.adapters import Buf
 from ..buffers.packing import pack as _pack
 from ..buffers.packing import unpack
-from ..buffers.reduction import finish_reduce, narrow_into, premultiply, prepare, scale_average, widen
+from ..buffers.reduction import finish_reduce, narrow_into, order_keys, premultiply, prepare, scale_average, widen
 from .streams import require_cupy
 
 __all__ = [
     "empty",
     "finish_reduce",
     "narrow_into",
+    "order_keys",
     "pack",
     "premultiply",
     "prepare",

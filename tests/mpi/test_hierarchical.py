@@ -25,6 +25,7 @@ import pytest
 from mpi4py import MPI
 from mpi_arrays import cast, empty, make, need, to_np, values
 from test_collectives import OPS, _applies, _ref
+from test_minmax import contribution, equal, reference
 from test_shm import knobs_set, same_bytes_everywhere
 
 import hpcdist as dist
@@ -153,6 +154,28 @@ def test_all_reduce_every_op_dtype(hier_groups, layout, algo, dtype, opname):
         else:
             assert np.array_equal(got, want), (size, got[:4], want[:4])
         same_bytes_everywhere(g, got)
+
+
+@pytest.mark.parametrize(("layout", "algo"), CASES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("opname", ["MIN", "MAX"])
+def test_min_max_with_nan_on_any_rank(hier_groups, layout, algo, dtype, opname):
+    """A NaN on any rank gives NaN through every step of the node and between the nodes (test_minmax.py)."""
+    g = hier_groups[layout, algo]
+    kind = "torch" if dtype == "bfloat16" else "numpy"
+    need(kind, dtype)
+    n, me = dist.get_world_size(), dist.get_rank()
+    op = getattr(ReduceOp, opname)
+    for size in (6 * n, 6 * n + 1, 2400 * n):  # rails where the item count divides; both sides of the segments
+        want = reference(opname, n, size)
+        x = make(kind, contribution(me, n, size), dtype)
+        dist.all_reduce(x, op=op, group=g)
+        equal(x, cast(want, dtype))
+        same_bytes_everywhere(g, to_np(x))
+        if size % n == 0:
+            out = make(kind, np.zeros(size // n), dtype)
+            dist.reduce_scatter_tensor(out, make(kind, contribution(me, n, size), dtype), op=op, group=g)
+            equal(out, cast(want, dtype).reshape(n, -1)[me])
 
 
 @pytest.mark.parametrize(("layout", "algo"), CASES)

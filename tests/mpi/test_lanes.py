@@ -119,8 +119,18 @@ def test_repeated_calls_take_the_lane_and_agree_with_numpy(no_detail, pg, adapte
     assert lane[1] == dtype and lane[2] > N * np.dtype(dtype).itemsize
 
 
-@pytest.mark.parametrize("call", ["all_reduce", "reduce"])
-@pytest.mark.parametrize(("dtype", "opname"), [("float16", "SUM"), ("float64", "AVG"), ("int32", "AVG")])
+@pytest.mark.parametrize(
+    ("call", "dtype", "opname"),
+    [
+        *[
+            (c, d, o)
+            for c in ("all_reduce", "reduce")
+            for d, o in [("float16", "SUM"), ("float64", "AVG"), ("int32", "AVG")]
+        ],
+        ("all_reduce", "float16", "MAX"),  # half floats' MIN/MAX: on ordered keys (tests/mpi/test_minmax.py)
+        ("reduce", "float64", "MIN"),  # reduce's MIN/MAX of floats: on ordered keys
+    ],
+)
 def test_ops_mpi_cannot_compute_alone_have_no_lane_and_stay_exact(no_detail, pg, adapter_calls, dtype, opname, call):
     n, rank = dist.get_world_size(), dist.get_rank()
     op = getattr(ReduceOp, opname)
@@ -131,7 +141,7 @@ def test_ops_mpi_cannot_compute_alone_have_no_lane_and_stay_exact(no_detail, pg,
         else:
             dist.reduce(x, dst=n - 1, op=op, group=pg)
         stack = np.stack([inputs(r, dtype, salt) for r in range(n)]).astype(np.float64)
-        want = stack.sum(0) if opname == "SUM" else stack.sum(0) / n
+        want = {"SUM": stack.sum(0), "AVG": stack.sum(0) / n, "MAX": stack.max(0), "MIN": stack.min(0)}[opname]
         if dtype == "int32":
             want = stack.sum(0).astype(np.int64) // n  # inputs are positive: truncation is floor
         if call == "all_reduce" or rank == n - 1:  # (reduce: the result is the root's)
@@ -296,7 +306,7 @@ def test_repeated_all_gathers_take_the_lane_and_agree_with_numpy(no_detail, pg, 
     assert len(adapter_calls) == (2 if taken else 8)  # the general path adapts the output and the input
 
 
-RS_CASES = [("float64", "SUM"), ("float32", "MAX"), ("int64", "BXOR"), ("int8", "SUM"), ("bool", "PRODUCT")]
+RS_CASES = [("float64", "SUM"), ("int32", "MAX"), ("int64", "BXOR"), ("int8", "SUM"), ("bool", "PRODUCT")]
 
 
 def rs_input(rank: int, dtype: str, salt: int, n: int) -> np.ndarray:
@@ -329,7 +339,9 @@ def test_repeated_reduce_scatters_take_the_lane_and_agree_with_numpy(no_detail, 
     assert len(adapter_calls) == (2 if taken else 8)
 
 
-@pytest.mark.parametrize(("dtype", "opname"), [("float16", "SUM"), ("float64", "AVG"), ("int32", "AVG")])
+@pytest.mark.parametrize(
+    ("dtype", "opname"), [("float16", "SUM"), ("float64", "AVG"), ("int32", "AVG"), ("float32", "MAX")]
+)
 def test_reduce_scatters_mpi_cannot_compute_alone_have_no_lane_and_stay_exact(
     no_detail, pg, adapter_calls, dtype, opname
 ):
@@ -341,6 +353,8 @@ def test_reduce_scatters_mpi_cannot_compute_alone_have_no_lane_and_stay_exact(
         stack = np.stack([rs_input(r, dtype, salt, n) for r in range(n)]).astype(np.float64)
         total = stack.sum(0)[rank * N : (rank + 1) * N]
         want = total if opname == "SUM" else (total.astype(np.int64) // n if dtype == "int32" else total / n)
+        if opname == "MAX":  # floats: on ordered keys (a NaN wins: tests/mpi/test_minmax.py)
+            want = stack.max(0)[rank * N : (rank + 1) * N]
         assert np.array_equal(out, want.astype(dtype)), (salt, out, want)
     assert len(adapter_calls) == 6, "every call goes through the general path"
     assert not pg._rs_lanes.get(op)

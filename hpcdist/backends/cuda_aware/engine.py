@@ -108,14 +108,11 @@ class CudaAwareEngine(Engine):
 
     # -- reductions: device-side prepare/finish around MPI ---------------------
 
-    def _reducible(self, buf: Buf, rop: ResolvedOp) -> bool:
-        return buf.dtype not in HALF_DTYPES and rop.premul is None
-
     def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work:
         from mpi4py import MPI
 
         streams = self._begin([buf], "all_reduce")
-        if self._reducible(buf, rop) and not rop.average:
+        if rop.direct:  # MPI's op on the device array itself
             return self._wrap(self.host.all_reduce(buf, rop, sync=False), streams, "all_reduce")
         with streams[0]:
             work = xp.prepare(buf, rop, copy=False)
@@ -146,7 +143,9 @@ class CudaAwareEngine(Engine):
         streams = self._begin([out, *ins], "reduce_scatter")
         counts = [b.arr.size for b in ins]
         with streams[0]:
-            if out.dtype in HALF_DTYPES:
+            if rop.ordered:
+                send = xp.order_keys(xp.pack(ins, out.arr.dtype), out.dtype, rop.kind)
+            elif out.dtype in HALF_DTYPES:
                 send = xp.widen(xp.pack(ins, out.arr.dtype), out.dtype)
             else:
                 send = xp.pack(ins, out.arr.dtype)

@@ -24,8 +24,8 @@ from ...buffers.packing import displacements as _displs
 from ...buffers.packing import own_block
 from ...buffers.packing import pack as _pack
 from ...buffers.packing import unpack as _unpack
-from ...buffers.reduction import finish_reduce, premultiply, prepare, widen
-from ...ops import ResolvedOp
+from ...buffers.reduction import finish_reduce, order_keys, premultiply, prepare, widen
+from ...ops import RedOpType, ResolvedOp
 from ...work import ProbedRecv, Work, strand, timeout_error, wait_requests
 from ..engine import Engine
 
@@ -37,6 +37,14 @@ from mpi4py import MPI
 _IN_PLACE = MPI.IN_PLACE
 _ANY_SOURCE = MPI.ANY_SOURCE
 _OPS: dict[str, Any] = {}
+
+
+#: the float dtypes whose blocking MIN/MAX all_reduce MPI runs on the floats where no rank holds a NaN
+#: (:meth:`MPIEngine._min_max_without_nan`); the others' (and the other calls') always on ordered keys
+_NAN_CHECKED = frozenset({"float32", "float64"})
+#: up to this many bytes, that all_reduce sends a copy with one more item (the NaN flag): one MPI call
+_WITH_FLAG_BELOW = 32 << 10
+_UCHAR, _MAX = MPI.UNSIGNED_CHAR, MPI.MAX
 
 
 def _mpi_op(name: str) -> Any:
@@ -197,15 +205,56 @@ class MPIEngine(Engine):
 
     def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
         arr = buf.arr
-        if sync and rop.direct and buf.writeback is None and arr.nbytes < self.fast_all_reduce_below:
-            # the hot path (block mode, in place, no post-step): MPI_Allreduce under the watchdog's guard
-            mt = _BY_NAME.get(buf.dtype) or _by_name(buf)
-            self._allreduce_now(_IN_PLACE, [arr, mt], _OPS.get(rop.mpi_name) or _mpi_op(rop.mpi_name))
-            return None
+        if sync and buf.writeback is None and arr.nbytes < self.fast_all_reduce_below:
+            if rop.direct:
+                # the hot path (block mode, in place, no post-step): MPI_Allreduce under the watchdog's guard
+                mt = _BY_NAME.get(buf.dtype) or _by_name(buf)
+                self._allreduce_now(_IN_PLACE, [arr, mt], _OPS.get(rop.mpi_name) or _mpi_op(rop.mpi_name))
+                return None
+            if rop.ordered and buf.dtype in _NAN_CHECKED:
+                mt = _BY_NAME.get(buf.dtype) or _by_name(buf)
+                if self._min_max_without_nan(arr, mt, _mpi_op(rop.mpi_name), rop.kind is RedOpType.MAX):
+                    return None
         return self._all_reduce(buf, rop, sync)
 
+    def _min_max_without_nan(self, arr: np.ndarray, mt: Any, op: Any, is_max: bool) -> bool:
+        """MIN/MAX of the float32/float64 array ``arr`` (C-contiguous) by MPI on the floats, where no rank holds a
+        NaN: then MPI's MIN/MAX is exact. True: done; False: a rank holds one, ``arr`` is as it was and the call
+        must take the ordered keys (:func:`~hpcdist.buffers.reduction.order_keys`). Blocking, collective.
+
+        A small array travels with one more item that says whether its rank holds a NaN (MAX of 1 or 0, MIN of
+        -1 or 0): one MPI call on a copy. A larger one asks first (a one-byte MAX), then reduces in place."""
+        flat = arr.reshape(-1)
+        if arr.nbytes <= _WITH_FLAG_BELOW:
+            n = flat.size
+            both = np.empty(n + 1, arr.dtype)
+            both[:n] = flat
+            top = flat.max() if n else 0.0  # NaN where any item is
+            both[n] = 0.0 if top == top else (1.0 if is_max else -1.0)
+            self._allreduce_now(_IN_PLACE, [both, mt], op)
+            if both[n] != 0.0:
+                return False
+            flat[...] = both[:n]
+            return True
+        top = flat.max()
+        flag = np.array([top != top], np.uint8)
+        self._allreduce_now(_IN_PLACE, [flag, _UCHAR], _MAX)
+        if flag[0]:
+            return False
+        self._allreduce_now(_IN_PLACE, [arr, mt], op)
+        return True
+
     def host_all_reduce_lane(self, dtype: str, rop: ResolvedOp) -> tuple[int, Any] | None:
-        """Ops MPI computes on the array itself: MPI_Allreduce run now (:meth:`_resolve`), below ``fast_all_reduce_below``."""
+        """Ops MPI computes on the array itself: MPI_Allreduce run now (:meth:`_resolve`), below
+        ``fast_all_reduce_below``; MIN/MAX of float32/float64 through :meth:`_min_max_without_nan`."""
+        if rop.ordered and dtype in _NAN_CHECKED and self.fast_all_reduce_below > 0:
+            mt, op, is_max = mpi_datatype(np.dtype(dtype)), _mpi_op(rop.mpi_name), rop.kind is RedOpType.MAX
+
+            def checked(arr: np.ndarray) -> None:
+                if not self._min_max_without_nan(arr, mt, op, is_max):
+                    self._all_reduce(Buf(arr, arr, dtype), rop, True)
+
+            return int(min(self.fast_all_reduce_below, 1 << 62)), checked
         if not rop.direct or self.fast_all_reduce_below <= 0 or dtype in HALF_DTYPES:
             return None
         pg = self.pg
@@ -338,10 +387,16 @@ class MPIEngine(Engine):
         c = self.comm
         half = out.dtype in HALF_DTYPES
         counts = [b.arr.size for b in ins]
-        send = np.concatenate([widen(b.arr, b.dtype).reshape(-1) for b in ins]) if half else _pack(ins, out.arr.dtype)
+        if rop.ordered:
+            send = order_keys(_pack(ins, out.arr.dtype), out.dtype, rop.kind)
+        elif half:
+            send = np.concatenate([widen(b.arr, b.dtype).reshape(-1) for b in ins])
+        else:
+            send = _pack(ins, out.arr.dtype)
         if rop.premul is not None:
             premultiply(send, rop.premul)
-        recv = np.empty(out.arr.size, dtype=send.dtype) if (half or out.writeback is not None) else out.arr
+        aside = half or rop.ordered or out.writeback is not None
+        recv = np.empty(out.arr.size, dtype=send.dtype) if aside else out.arr
         size = c.Get_size()
 
         def post() -> None:
@@ -363,7 +418,7 @@ class MPIEngine(Engine):
         half = out.dtype in HALF_DTYPES
         send = prepare(inp, rop, copy=False)
         # MPI forbids aliased buffers: an output inside the input (FSDP's in-place form) receives aside
-        aside = half or out.writeback is not None or np.may_share_memory(out.arr, send)
+        aside = half or rop.ordered or out.writeback is not None or np.may_share_memory(out.arr, send)
         recv = np.empty(out.arr.size, dtype=send.dtype) if aside else out.arr
         size = c.Get_size()
 
