@@ -186,3 +186,15 @@ def test_small_calls_benchmark_prints_its_table(tmp_path):
     assert [r.split("`")[1] for r in rows] == calls, out
     width = 9 if HAS_TORCH else 6  # the torch columns when torch is installed
     assert all(r.count("|") == width for r in rows), out
+
+
+@pytest.mark.timeout(120)
+def test_minmax_benchmark_prints_its_table(tmp_path):
+    """docs/benchmarks/small_calls.md's MIN/MAX tables are this script's output: one row per size, every column."""
+    out = run_example("benchmarks/bench_minmax.py", "--sizes", "1,5000", "--rounds", "1", "--nan", cwd=tmp_path).stdout
+    rows = [ln for ln in out.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    assert [r.split("|")[1].strip() for r in rows] == ["1", "5000"], out
+    assert all(r.count("|") == 8 for r in rows), out
+    assert all(
+        float(cell) > 0 for r in rows for cell in r.split("|")[2:7] if not cell.strip().startswith(("+", "-"))
+    ), out
