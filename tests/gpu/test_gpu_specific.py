@@ -286,3 +286,33 @@ def test_send_recv_and_batch_on_device(gpu_path):
 def test_cuda_awareness_is_reported_with_its_reason(gpu_path):
     got = dist.gpu.cuda_aware_mpi()
     assert isinstance(got.enabled, bool) and got.reason and got.source in ("override", "mpi", "vendor", "default")
+
+
+@pytest.mark.parametrize("opname", ["MIN", "MAX"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_min_max_with_a_nan_on_any_rank_give_nan(gpu_path, dtype, opname):
+    """A NaN on any rank wins MIN/MAX on the device paths too (keys on the device for CUDA-aware MPI, the host's
+    checks and keys per staged piece); element i holds its NaN on rank i % (n + 1), none when that is n."""
+    if gpu_path == "nccl":
+        pytest.skip("NCCL's MIN/MAX follow NCCL's own rules (docs/sharp-bits.md)")
+    from hpcdist.backends.staged.engine import PIPELINE_CHUNK
+
+    op = getattr(dist.ReduceOp, opname)
+    fold = np.minimum if opname == "MIN" else np.maximum
+    for count in (12, (2 * PIPELINE_CHUNK + PIPELINE_CHUNK // 2) // np.dtype(dtype).itemsize + 3):
+        i = np.arange(count)
+
+        def contribution(r: int, i=i) -> np.ndarray:
+            x = ((i * 5 + r * 3) % 7 - 3).astype(dtype)
+            x[i % (n() + 1) == r] = np.nan
+            return x
+
+        want = fold.reduce(np.stack([contribution(r) for r in range(n())]), axis=0)
+        x = cp.asarray(contribution(me()))
+        dist.all_reduce(x, op=op)
+        got = cp.asnumpy(x)
+        assert np.array_equal(got, want, equal_nan=True), (count, got[:12], want[:12])
+        out = cp.zeros(count // n() * n() // n(), dtype=dtype)
+        m = out.size * n()
+        dist.reduce_scatter_tensor(out, cp.asarray(contribution(me())[:m]), op=op)
+        assert np.array_equal(cp.asnumpy(out), want[:m].reshape(n(), -1)[me()], equal_nan=True)
