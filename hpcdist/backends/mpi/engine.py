@@ -45,6 +45,8 @@ _NAN_CHECKED = frozenset({"float32", "float64"})
 #: up to this many bytes, that all_reduce sends a copy with one more item (the NaN flag): one MPI call
 _WITH_FLAG_BELOW = 32 << 10
 _UCHAR, _MAX = MPI.UNSIGNED_CHAR, MPI.MAX
+#: MIN and MAX as MPI computes them on floats: exact where no item is NaN
+_UNORDERED = {kind: ResolvedOp(kind, kind.name) for kind in (RedOpType.MIN, RedOpType.MAX)}
 
 
 def _mpi_op(name: str) -> Any:
@@ -236,13 +238,24 @@ class MPIEngine(Engine):
                 return False
             flat[...] = both[:n]
             return True
-        top = flat.max()
-        flag = np.array([top != top], np.uint8)
-        self._allreduce_now(_IN_PLACE, [flag, _UCHAR], _MAX)
-        if flag[0]:
+        if self._nan_anywhere(flat):
             return False
         self._allreduce_now(_IN_PLACE, [arr, mt], op)
         return True
+
+    def _nan_anywhere(self, arr: np.ndarray) -> bool:
+        """Whether the float array ``arr`` holds a NaN on any rank (blocking, collective: a one-byte MAX)."""
+        top = arr.max() if arr.size else 0.0  # NaN where any item is
+        flag = np.array([top != top], np.uint8)
+        self._allreduce_now(_IN_PLACE, [flag, _UCHAR], _MAX)
+        return bool(flag[0])
+
+    def _unordered_if_no_nan(self, rop: ResolvedOp, buf: Buf, sync: bool) -> ResolvedOp:
+        """``rop``; for a blocking MIN/MAX of float32/float64 that no rank holds a NaN for (:meth:`_nan_anywhere`),
+        MPI's own MIN/MAX, exact then, instead of the ordered keys' passes."""
+        if sync and rop.ordered and buf.dtype in _NAN_CHECKED and not self._nan_anywhere(buf.arr):
+            return _UNORDERED[rop.kind]
+        return rop
 
     def host_all_reduce_lane(self, dtype: str, rop: ResolvedOp) -> tuple[int, Any] | None:
         """Ops MPI computes on the array itself: MPI_Allreduce run now (:meth:`_resolve`), below
@@ -311,6 +324,7 @@ class MPIEngine(Engine):
 
     def reduce(self, buf: Buf, root: int, rop: ResolvedOp, sync: bool = False) -> Work | None:
         c = self.comm
+        rop = self._unordered_if_no_nan(rop, buf, sync)
         work = prepare(buf, rop, copy=False)
         op = _mpi_op(rop.mpi_name)
         if c.Get_rank() == root:
@@ -416,6 +430,7 @@ class MPIEngine(Engine):
     def reduce_scatter_tensor(self, out: Buf, inp: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
         c = self.comm
         half = out.dtype in HALF_DTYPES
+        rop = self._unordered_if_no_nan(rop, inp, sync)
         send = prepare(inp, rop, copy=False)
         # MPI forbids aliased buffers: an output inside the input (FSDP's in-place form) receives aside
         aside = half or rop.ordered or out.writeback is not None or np.may_share_memory(out.arr, send)
