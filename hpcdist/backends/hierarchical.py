@@ -233,6 +233,7 @@ class HierarchicalEngine(MPIEngine):
         topo = self._use(sync, buf.arr.nbytes)
         if topo is None:
             return super().all_reduce(buf, rop, sync)
+        rop = self._unordered_if_no_nan(rop, buf, sync)
         work = prepare(buf, rop, copy=False).reshape(-1)
         wbuf, plain = _buf(work), _plain(rop)
         steps = topo.steps
@@ -325,6 +326,7 @@ class HierarchicalEngine(MPIEngine):
             return super().reduce_scatter_tensor(out, inp, rop, sync)
         m = out.arr.size
         n = len(topo.order)
+        rop = self._unordered_if_no_nan(rop, inp, sync)
         plain = _plain(rop)
         if self._on_rails(topo, "reduce_scatter_tensor"):
             # the blocks of rail 0 first (in node order), then rail 1's, ...: a copy, so the input stays as it was
