@@ -136,7 +136,7 @@ class ResolvedOp:
         self.premul = premul
         self.average = average
         # MIN/MAX of floats: MPI runs them on integer keys of the bits (:func:`hpcdist.buffers.reduction.order_keys`),
-        # which order NaN first; MPI's own MIN/MAX compare with ``<`` and lose a NaN, or worse (sharp-bits.md)
+        # on which a NaN wins; MPI's own MIN/MAX compare with ``<`` and lose a NaN, or worse (sharp-bits.md)
         self.ordered = ordered
         self.plain = premul is None and not average and not ordered  # MPI's op alone gives the answer
         # ... on the array itself (``half``: a float16/bfloat16 array, reduced in float32 instead)
