@@ -207,16 +207,20 @@ class MPIEngine(Engine):
 
     def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
         arr = buf.arr
-        if sync and buf.writeback is None and arr.nbytes < self.fast_all_reduce_below:
+        if (
+            sync
+            and (rop.direct or (rop.ordered and buf.dtype in _NAN_CHECKED))
+            and buf.writeback is None
+            and arr.nbytes < self.fast_all_reduce_below
+        ):
+            # the hot path (block mode, in place, no post-step): MPI_Allreduce under the watchdog's guard
+            mt = _BY_NAME.get(buf.dtype) or _by_name(buf)
+            op = _OPS.get(rop.mpi_name) or _mpi_op(rop.mpi_name)
             if rop.direct:
-                # the hot path (block mode, in place, no post-step): MPI_Allreduce under the watchdog's guard
-                mt = _BY_NAME.get(buf.dtype) or _by_name(buf)
-                self._allreduce_now(_IN_PLACE, [arr, mt], _OPS.get(rop.mpi_name) or _mpi_op(rop.mpi_name))
+                self._allreduce_now(_IN_PLACE, [arr, mt], op)
                 return None
-            if rop.ordered and buf.dtype in _NAN_CHECKED:
-                mt = _BY_NAME.get(buf.dtype) or _by_name(buf)
-                if self._min_max_without_nan(arr, mt, _mpi_op(rop.mpi_name), rop.kind is RedOpType.MAX):
-                    return None
+            if self._min_max_without_nan(arr, mt, op, rop.kind is RedOpType.MAX):
+                return None
         return self._all_reduce(buf, rop, sync)
 
     def _min_max_without_nan(self, arr: np.ndarray, mt: Any, op: Any, is_max: bool) -> bool:
