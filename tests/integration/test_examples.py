@@ -99,6 +99,18 @@ def test_gpu_allreduce_skips_or_runs(tmp_path):
     assert "gpu_allreduce.py: skipped" in out or out.count("all_reduce ok") == 2, out
 
 
+@pytest.mark.timeout(120)
+def test_gpu_benchmarks_skip_or_print_their_tables(tmp_path):
+    """docs/gpu.md's tables come from these scripts: without a GPU they say why and exit 0, with one they print."""
+    out = run_example("benchmarks/bench_gpu.py", "--max-mib", "1", "--repeats", "1", cwd=tmp_path).stdout
+    if "bench_gpu: skipped" not in out:
+        rows = [ln for ln in out.splitlines() if ln.strip()[:1].isdigit()]
+        assert [int(r.split("|")[0]) for r in rows] == [4**k for k in range(1, 11)], out
+    out = run_example("benchmarks/profile_gpu_path.py", "--iters", "20", cwd=tmp_path, n=1).stdout
+    if "profile_gpu_path: skipped" not in out:
+        assert "| staged mpi |" in out and "## cProfile, staged mpi" in out, out
+
+
 # ---------------------------------------------------------------- PyTorch tutorial programs
 
 
