@@ -197,9 +197,9 @@ def all_reduce_bucketed(
     if not async_op and all(type(t) is np.ndarray and t.flags.carray for t in tensors):
         _numpy_buckets(tensors, op, pg, cap)
         return None
-    bufs = adapt_list(tensors, "tensors", True)  # every array checked, then the op for each dtype
-    for dtype in dict.fromkeys(b.dtype for b in bufs):
-        resolve_op(op, dtype, "op")
+    bufs = adapt_list(tensors, "tensors", True)  # every array checked, then the op for each dtype and engine
+    for dtype, device in dict.fromkeys((b.dtype, b.device) for b in bufs):
+        pg.engine(device).check_reduction(dtype, resolve_op(op, dtype, "op"))  # a group without the device raises
     if DETAIL[0]:
         refuse_overlap([b.arr for b in bufs if b.device == "cpu"])
     plan = bucket_indices([b.arr.nbytes for b in bufs], [(b.dtype, b.device, b.index) for b in bufs], cap)

@@ -62,13 +62,13 @@ def _check_tag(tag: Any) -> int:
     return int(tag)
 
 
-def _peer(pg: ProcessGroup, glob: Any, grp: Any, name: str, allow_any: bool) -> int:
+def _peer(pg: ProcessGroup, glob: Any, grp: Any, name: str, allow_any: bool, allow_self: bool = False) -> int:
     if allow_any and glob is None and grp is None:
         from mpi4py import MPI
 
         return int(MPI.ANY_SOURCE)
     r = group_rank(pg, glob, grp, name)
-    if r == pg._rank:
+    if r == pg._rank and not allow_self:
         raise ValueError(
             f"{name}={pg._ranks[r]} is this process's own rank: sending to or receiving from yourself would "
             "deadlock; use a copy instead"
@@ -244,7 +244,9 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
         if pg is None:
             continue
         is_send = p.op is isend
-        peer = _peer(pg, p.peer, p.group_peer, "peer", False)
+        # this rank may be a peer: the batch posts every operation before any is waited for (torch allows it on
+        # NCCL, and a ring of one rank exchanges with itself)
+        peer = _peer(pg, p.peer, p.group_peer, "peer", False, allow_self=True)
         tag = _check_tag(p.tag)
         buf = adapt(p.tensor, f"p2p_op_list[{i}].tensor", not is_send)
         prepared.append((pg, is_send, peer, tag, buf))

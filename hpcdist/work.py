@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -254,7 +255,7 @@ class Work:
     def __del__(self) -> None:
         if not self._done and self._reqs:
             if self._exc is None:
-                _orphan(self._reqs, self._post, self._keep, self._timeout_s, self._name)
+                _orphan(self._reqs, self._post, self._keep, self._timeout_s, self._name, self._status)
             elif not _all_done(self._reqs):  # timed out and still in flight: MPI may yet write its buffers
                 strand(self._reqs, self._keep)
 
@@ -363,6 +364,10 @@ class Work:
         """
         reqs, self._reqs = self._reqs, ()
         inner = self
+        # the new Work by weak reference: a closure holding it would make a cycle (Work -> post -> Work), and a
+        # dropped Work in a cycle is not handed to the orphans (finished at the next wait or barrier) until a
+        # garbage collection finds it; its copy-back would wait for that
+        outer_ref: list[Any] = []
 
         def post() -> Any:
             if within is None:
@@ -370,7 +375,8 @@ class Work:
             else:
                 with within:
                     inner._finish()
-            if inner._source >= 0:
+            outer = outer_ref[0]() if inner._source >= 0 else None
+            if outer is not None:  # None once dropped: nobody asks a dropped Work for its sender
                 outer._source = inner._source
             return None if step is None else step()
 
@@ -378,6 +384,7 @@ class Work:
             reqs, post, inner, self._timeout_s, self._name if name is None else name, self._result, self._on_timeout
         )
         outer._status = self._status
+        outer_ref.append(weakref.ref(outer))
         return outer
 
     @classmethod
@@ -395,14 +402,17 @@ class Work:
     ) -> Work:
         """The Work of one receive: ``req`` fills ``status``; :meth:`source_rank` is then
         ``ranks[status.Get_source()]`` (``ranks``: the group's global ranks), set before ``post`` runs."""
-        work: Work
+        work_ref: list[Any] = []  # by weak reference, as in chain(): no cycle keeps a dropped receive from the orphans
 
         def finish() -> Any:
-            work._source = ranks[status.Get_source()]
+            work = work_ref[0]()
+            if work is not None:
+                work._source = ranks[status.Get_source()]
             return post() if post is not None else None
 
         work = cls([req], finish, keep, timeout_s, name, result, on_timeout)
         work._status = status
+        work_ref.append(weakref.ref(work))
         return work
 
     @classmethod
@@ -421,14 +431,17 @@ class Work:
         Returns:
             The combined Work.
         """
-        kind = type(works[-1]) if works else Work
-        if kind.combine.__func__ is not Work.combine.__func__:  # type: ignore[attr-defined]
-            return kind.combine(works, name, timeout_s)  # it falls back on _merged where it cannot do better
+        for w in works:  # a kind with its own way (any part of it: host parts beside NCCL ones too)
+            kind = type(w)
+            if kind.combine.__func__ is not Work.combine.__func__:  # type: ignore[attr-defined]
+                return kind.combine(works, name, timeout_s)  # it falls back on _merged where it cannot do better
         return Work._merged(works, name, timeout_s)
 
     @staticmethod
-    def _merged(works: Sequence[Work], name: Any, timeout_s: float) -> Work:
-        """:meth:`combine` for any Works: their requests, tested together; their finishing steps, in order."""
+    def _merged(works: Sequence[Work], name: Any, timeout_s: float, kind: type[Work] | None = None) -> Work:
+        """:meth:`combine` for any Works: their requests, tested together; their finishing steps, in order.
+
+        ``kind``: the class of the combined Work (a Work subclass that knows more of its parts); default Work."""
         reqs = [r for w in works for r in w._reqs]
         for w in works:
             w._reqs = ()
@@ -440,7 +453,7 @@ class Work:
                 out.append(w._result)
             return out
 
-        return Work(reqs, post, list(works), timeout_s, name)
+        return (kind or Work)(reqs, post, list(works), timeout_s, name)
 
     def synchronize(self) -> None:
         """Same as :meth:`wait` for host work."""
@@ -523,9 +536,10 @@ class Work:
 
 # ---------------------------------------------------------------- dropped handles
 
-#: Operations whose Work was dropped before completing: (requests, finishing step, buffers, timeout, name), oldest
-#: first (``name``: the Work's, ``(opname, group)`` for the operations of a group).
-_ORPHANS: deque[tuple[Sequence[Any], Callable[[], Any] | None, Any, float, Any]] = deque()
+#: Operations whose Work was dropped before completing: (requests, finishing step, buffers, timeout, name, the
+#: ``MPI.Status`` of a receive or None), oldest first (``name``: the Work's, ``(opname, group)`` for the operations
+#: of a group).
+_ORPHANS: deque[tuple[Sequence[Any], Callable[[], Any] | None, Any, float, Any, Any]] = deque()
 _ORPHAN_LOCK = threading.Lock()
 _MAX_ORPHANS = 1024  # beyond this many dropped operations in flight, the oldest are waited for (back-pressure)
 #: (requests, buffers) of dropped Works that timed out while in flight: a late peer may still make MPI write the
@@ -545,7 +559,9 @@ def strand(reqs: Sequence[Any], keep: Any) -> None:
     _STRANDED.append((reqs, keep))
 
 
-def _orphan(reqs: Sequence[Any], post: Callable[[], Any] | None, keep: Any, timeout_s: float, name: Any) -> None:
+def _orphan(
+    reqs: Sequence[Any], post: Callable[[], Any] | None, keep: Any, timeout_s: float, name: Any, status: Any = None
+) -> None:
     """Adopt the requests of a dropped Work: they complete (and are released) in the background.
 
     Letting mpi4py free an active request leaks it in MPICH until it
@@ -557,7 +573,7 @@ def _orphan(reqs: Sequence[Any], post: Callable[[], Any] | None, keep: Any, time
     for the oldest when more than ``_MAX_ORPHANS`` are in flight, so a loop of
     fire-and-forget ``isend``s runs in bounded memory.
     """
-    _ORPHANS.append((reqs, post, keep, timeout_s, name))
+    _ORPHANS.append((reqs, post, keep, timeout_s, name, status))
     reap_orphans()
 
 
@@ -583,9 +599,9 @@ def _reap() -> None:
         _ORPHANS.clear()
         return
     while _ORPHANS:
-        reqs, post, _keep, timeout_s, _name = _ORPHANS[0]
-        done = _all_done(reqs)
-        if not done and (len(_ORPHANS) <= _MAX_ORPHANS or not wait_requests(reqs, timeout_s)):
+        reqs, post, _keep, timeout_s, _name, status = _ORPHANS[0]
+        done = _all_done(reqs, status)
+        if not done and (len(_ORPHANS) <= _MAX_ORPHANS or not wait_requests(reqs, timeout_s, status)):
             return  # the oldest is still in flight (and within the bound, or its peer is gone)
         _ORPHANS.popleft()
         _run_post(post)
@@ -612,9 +628,9 @@ def finish_orphans(group: Any = None) -> None:
     try:
         mine = [o for o in _ORPHANS if _group_of(o[4]) is group and _opname(o[4]) not in _P2P]
         for orphan in mine:
-            reqs, post, _keep, timeout_s, name = orphan
+            reqs, post, _keep, timeout_s, name, status = orphan
             _ORPHANS.remove(orphan)
-            if not _all_done(reqs) and not wait_requests(reqs, timeout_s):
+            if not _all_done(reqs, status) and not wait_requests(reqs, timeout_s, status):
                 strand(reqs, _keep)
                 raise timeout_error(name, timeout_s)
             _run_post(post)
@@ -631,9 +647,13 @@ def _run_post(post: Callable[[], Any] | None) -> None:
             pass
 
 
-def _all_done(reqs: Sequence[Any]) -> bool:
-    """Whether every request completed (a failed request counts: nobody is left to receive its error)."""
+def _all_done(reqs: Sequence[Any], status: Any = None) -> bool:
+    """Whether every request completed (a failed request counts: nobody is left to receive its error).
+
+    ``status``: a receive's ``MPI.Status``, filled on completion (its finishing step may read the count)."""
     try:
+        if status is not None and len(reqs) == 1:
+            return bool(reqs[0].Test(status))
         return test_all(list(reqs))
     except Exception:
         return True

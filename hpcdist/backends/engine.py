@@ -89,6 +89,11 @@ class Engine(ABC):
     def all_reduce(self, buf: Buf, rop: ResolvedOp, sync: bool = False) -> Work | None:
         """Reduce ``buf`` over the group with ``rop``, in place on every rank."""
 
+    def check_reduction(self, dtype: str, rop: ResolvedOp) -> None:  # noqa: B027 - most engines reduce what MPI does
+        """Raise TypeError/ValueError, before anything moves, where this engine cannot reduce ``dtype`` with ``rop``
+        although MPI's view (:func:`~hpcdist.ops.resolve_op`) allows it (NCCL lacks some types and ops).
+        Calls that run several reductions ask first, so none moves when one would be refused."""
+
     def host_all_reduce_lane(self, dtype: str, rop: ResolvedOp) -> tuple[int, Callable[[Any], None]] | None:
         """The engine's one-call path for a blocking in-place all_reduce of small host NumPy arrays, or None.
 

@@ -40,6 +40,18 @@ def stream_for(buf: Buf) -> Any:
     return cupy.cuda.get_current_stream()
 
 
+def capturing(stream: Any) -> bool:
+    """Whether ``stream`` is capturing a CUDA graph (what is enqueued now runs at each replay, not now).
+
+    A stream that cannot tell (the legacy stream while another stream captures) counts as capturing."""
+    try:
+        return bool(stream.is_capturing())
+    except AttributeError:  # a CuPy without graph capture
+        return False
+    except Exception:
+        return True
+
+
 def streams_of(bufs: Iterable[Buf]) -> list[Any]:
     """The distinct streams of ``bufs`` (by pointer), in first-seen order."""
     seen: dict[int, Any] = {}

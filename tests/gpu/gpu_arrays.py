@@ -133,3 +133,17 @@ def host_bodies(skip: set[str]) -> dict[str, Any]:
         else:
             sys.modules["mpi_arrays"] = saved
     return {k: v for k, v in vars(mod).items() if k.startswith("test_") and callable(v) and k not in skip}
+
+
+def me() -> int:
+    """This process's global rank."""
+    import hpcdist as dist
+
+    return dist.get_rank()
+
+
+def n() -> int:
+    """The world size."""
+    import hpcdist as dist
+
+    return dist.get_world_size()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_arrays import gpu_missing, spin, torch, torch_cuda
+from gpu_arrays import gpu_missing, me, n, spin, torch, torch_cuda
 
 import hpcdist as dist
 from hpcdist.backends.staged import StagedEngine
@@ -18,14 +18,6 @@ cp = pytest.importorskip("cupy", reason="the GPU tests need CuPy (pip install 'h
 _why = gpu_missing()
 if _why is not None:
     pytest.skip(_why, allow_module_level=True)
-
-
-def me() -> int:
-    return dist.get_rank()
-
-
-def n() -> int:
-    return dist.get_world_size()
 
 
 def settle(work) -> None:

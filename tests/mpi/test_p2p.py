@@ -76,3 +76,30 @@ def test_batch_isend_irecv_ring(group, members, kind):
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     assert np.array_equal(to_np(recv_buf), values(left, 5, "float32"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_batch_isend_irecv_with_this_rank_as_peer(group, members, kind):
+    """As torch's NCCL batch (test_batch_isend_irecv_self_nccl): a batch may send to and receive from this rank
+    (a ring of one member exchanges with itself), the receive listed before the send; beside a ring exchange
+    where the group has more members. It raised 'own rank ... would deadlock' (blocking send/recv still do)."""
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        return
+    need(kind)
+    mine = make(kind, values(me(), 4, "float32"), "float32")
+    back = empty(kind, (4,), "float32")
+    ops = [
+        dist.P2POp(dist.irecv, back, me(), group=group, tag=3),
+        dist.P2POp(dist.isend, mine, me(), group=group, tag=3),
+    ]
+    n = len(members)
+    if n > 1:
+        gr = members.index(me())
+        right, left = members[(gr + 1) % n], members[(gr - 1) % n]
+        from_left = empty(kind, (4,), "float32")
+        ops += [dist.P2POp(dist.isend, mine, right, group=group), dist.P2POp(dist.irecv, from_left, left, group=group)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert np.array_equal(to_np(back), values(me(), 4, "float32"))
+    if n > 1:
+        assert np.array_equal(to_np(from_left), values(left, 4, "float32"))

@@ -550,6 +550,44 @@ def test_event_works_on_one_stream_combine_into_the_last_event():
     assert both.is_completed()
 
 
+def test_event_work_future_is_complete_at_enqueue_and_orders_the_stream_on_wait():
+    """As torch's NCCL futures: done() and value() at once (the outputs), while the GPU may still run; wait() and
+    then() order the current stream after the operation (it completed only through wait() before)."""
+    out = np.zeros(3)
+    ev = _Event()
+    work, stream = _event_work(ev, out)
+    fut = work.get_future()
+    assert fut.done() and fut.value()[0] is out and stream.waited == []  # value() orders nothing
+    seen = []
+    child = fut.then(lambda f: seen.append(f.value()[0]) or "next")
+    assert stream.waited == [ev] and seen == [out] and child.wait() == "next"
+    assert fut.wait()[0] is out and stream.waited[-1] is ev
+    assert not ev.done and not work.is_completed()  # the GPU's side is the event's, untouched by the future
+
+
+def test_event_work_with_host_parts_combines_into_one_complete_only_with_its_events():
+    """A host part beside an NCCL part (all_reduce_bucketed over NumPy and CuPy arrays), or NCCL parts of both
+    libraries' streams: the combined Work was a plain Work, complete at once (its CUDA parts have no requests)
+    and synchronize() did not block; now it is complete when the events are, and synchronize() waits for them."""
+    import threading
+
+    from hpcdist.work import Work
+
+    host = Work((), None, "kept", 5.0, "all_reduce_bucketed", "h")
+    ev = _Event()
+    dev, stream = _event_work(ev, "d")
+    both = Work.combine([host, dev], "all_reduce_bucketed", 5.0)  # the host part first: dispatch by any part
+    assert not both.is_completed()
+    threading.Timer(0.2, lambda: setattr(ev, "done", True)).start()
+    both.synchronize()
+    assert ev.done and both.is_completed() and both.result() == ["h", "d"]
+    assert stream.waited and all(e is ev for e in stream.waited)  # the current stream ordered after the part
+    other, _ = _event_work(_Event(done=True), "o")
+    other._torch = True  # another library's stream: no common event either
+    mixed = Work.combine([dev, other], "all_reduce_coalesced", 5.0)
+    assert mixed.is_completed() and mixed.result() == ["d", "o"]
+
+
 # ---------------------------------------------------------------- the NCCL watchdog's bookkeeping
 
 

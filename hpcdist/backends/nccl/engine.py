@@ -33,7 +33,7 @@ from ...buffers.adapters import Buf, apart, is_torch
 from ...config import nccl_watchdog_enabled
 from ...errors import DistBackendError, DistTimeoutError
 from ...gpu import xp
-from ...gpu.streams import check_devices, require_cupy, stream_for
+from ...gpu.streams import capturing, check_devices, require_cupy, stream_for
 from ...ops import ResolvedOp
 from ...work import Work, wait_requests
 from ..engine import Engine
@@ -233,7 +233,16 @@ class NCCLEngine(Engine):
     def _begin(self, bufs: list[Buf], name: str) -> tuple[Any, Any]:
         device = check_devices(bufs, self.pg, name)
         comm = self._communicator(device)
-        return comm, stream_for(bufs[0])
+        s = stream_for(bufs[0])
+        if len(bufs) > 1:  # arrays of both libraries (CuPy and torch): after the other one's current stream too
+            first = is_torch(bufs[0].obj)
+            for b in bufs:
+                if is_torch(b.obj) != first:
+                    other = stream_for(b)
+                    if int(other.ptr) != int(s.ptr):
+                        s.wait_event(other.record())
+                    break
+        return comm, s
 
     @overload
     def _end(
@@ -254,7 +263,7 @@ class NCCLEngine(Engine):
         CuPy's pool reuses their memory only in order on ``stream``. Every
         operation is noted to the NCCL watchdog (unless it is off).
         """
-        if self._watch is not None:
+        if self._watch is not None and not capturing(stream):  # a captured operation runs at each replay, unwatched
             self._watch.note(stream, (name, self.pg), self.pg._timeout_s, self)
         if sync:
             return None
@@ -264,6 +273,9 @@ class NCCLEngine(Engine):
         return CudaEventWork(
             event, keep, self.pg._timeout_s, (name, self.pg), result, self._device, is_torch(ref.obj), source
         )
+
+    def check_reduction(self, dtype: str, rop: ResolvedOp) -> None:
+        self._plan(dtype, rop)
 
     def _plan(self, dtype: str, rop: ResolvedOp) -> NcclReduction:
         if rop.premul is not None:  # the factor varies call by call

@@ -5,19 +5,21 @@ when it was called; the event was recorded after it. ``wait()`` makes the
 *current* stream (at the time of the call) wait on the event and returns
 without blocking the host; ``is_completed()`` queries the event;
 ``synchronize()`` blocks the host until the event completed, raising
-:class:`~hpcdist.errors.DistTimeoutError` after the timeout.
+:class:`~hpcdist.errors.DistTimeoutError` after the timeout. Its future is
+completed at once, as torch's NCCL futures are (a CUDA future: ``wait()``
+and ``then()`` order the current stream after the operation).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
 from ...errors import TIMEOUT_FIX, DistTimeoutError, timeout_message
 from ...gpu.streams import require_cupy
-from ...work import Work, _as_list, _wait_limit
+from ...work import Future, Work, _as_list, _wait_limit
 
 __all__ = ["CudaEventWork"]
 
@@ -53,7 +55,9 @@ class CudaEventWork(Work):
         """
         parts = [w for w in works if isinstance(w, CudaEventWork)]
         if len(parts) != len(works) or len({p._torch for p in parts}) != 1:
-            return Work._merged(works, name, timeout_s)
+            merged = Work._merged(works, name, timeout_s, _MergedWithDevice)
+            merged._device_parts = parts  # type: ignore[attr-defined]  # a _MergedWithDevice
+            return merged
         last = parts[-1]
         return type(last)(last._event, parts, timeout_s, name, [p._result for p in parts], last._index, last._torch)
 
@@ -117,6 +121,52 @@ class CudaEventWork(Work):
     def _finish(self) -> None:  # Work.combine() finishes its parts this way
         self.wait()
 
+    def get_future(self) -> Future:
+        """A future completed at once with the outputs, as torch's NCCL futures: its ``wait()`` and ``then()``
+        make the current stream wait for the operation (``value()`` does not)."""
+        if self._future is None:
+            fut = self._future = _CudaFuture(self)
+            if self._exc is not None:
+                fut._set(None, self._exc)
+            else:
+                fut._set(_as_list(self._result), None)
+        return self._future
+
     def __repr__(self) -> str:
         state = "completed" if self._event.done else "enqueued"
         return f"<hpcdist.Work {self._name} (NCCL) {state}>"
+
+
+class _CudaFuture(Future):
+    """The future of an NCCL Work: complete at enqueue; waiting (or chaining) orders the current stream after it."""
+
+    __slots__ = ()
+
+    def wait(self) -> Any:
+        if self._work is not None and self._exc is None:
+            self._work.wait()  # the current stream waits for the event; the host does not block
+        return super().wait()
+
+    def then(self, callback: Callable[[Future], Any]) -> Future:
+        if self._work is not None and self._exc is None:
+            self._work.wait()  # the callback's GPU work is ordered after the operation
+        return super().then(callback)
+
+
+class _MergedWithDevice(Work):
+    """A combined Work with NCCL parts among others (host parts, or parts on both libraries' streams): it is
+    complete when its requests and its parts' events are; ``synchronize()`` blocks the host for all of them."""
+
+    __slots__ = ("_device_parts",)
+    _device_parts: list[CudaEventWork]
+
+    def is_completed(self) -> bool:
+        pending = self._exc is None and not self._done
+        if pending and not all(p._exc is not None or p._event.done for p in self._device_parts):
+            return False
+        return super().is_completed()
+
+    def synchronize(self, timeout: timedelta | float | None = None) -> None:  # type: ignore[override]
+        for p in self._device_parts:
+            p.synchronize(timeout)
+        self.wait(timeout)

@@ -55,13 +55,18 @@ class _Staging:
         self.twins[id(buf)] = (twin, stream_for(buf), int(dev.data.ptr), hptr, n)
         return twin
 
-    def copy(self, bufs: list[Buf], to_host: bool) -> None:
-        """Device -> host (``to_host``) or back, for ``bufs``; waits for the copies."""
+    def copy(self, bufs: list[Buf], to_host: bool, limit: int | None = None) -> None:
+        """Device -> host (``to_host``) or back, for ``bufs``; waits for the copies.
+
+        ``limit``: copy at most these many bytes of each (what a receive got: the rest of the device array
+        stays as it was, where the reused block holds another call's bytes)."""
         runtime = _runtime()
         kind = runtime.memcpyDeviceToHost if to_host else runtime.memcpyHostToDevice
         streams: dict[int, Any] = {}
         for b in bufs:
             _twin, stream, dptr, hptr, n = self.twins[id(b)]
+            if limit is not None:
+                n = min(n, limit)
             if n:
                 src, dst = (dptr, hptr) if to_host else (hptr, dptr)
                 runtime.memcpyAsync(dst, src, n, kind, stream.ptr)
@@ -81,6 +86,13 @@ def _runtime() -> Any:
 
 
 _RUNTIME: list[Any] = []
+
+
+def _received_bytes(work: Work) -> int:
+    """The bytes a finished host receive got (its ``MPI.Status``)."""
+    from mpi4py import MPI
+
+    return int(work._status.Get_count(MPI.BYTE))
 
 
 def _writeback(writes: list[Buf]) -> None:
@@ -109,11 +121,13 @@ class StagedEngine(Engine):
         writes: list[Buf],
         start: Callable[[Callable[[Buf], Buf], bool], Any],
         sync: bool = False,
+        received: Callable[[Work], int] | None = None,
     ) -> Work | None:
         """Stage ``reads`` in, ``start`` the host operation, stage ``writes`` out on completion.
 
         ``sync``: the host engine's blocking call (no Work, no polling), then
         the copies back, before returning None.
+        ``received``: for a receive, the bytes the finished host Work got; only those are copied back.
         """
         check_devices([*reads, *writes], self.pg, name)
         st = _Staging(self.pool)
@@ -141,7 +155,7 @@ class StagedEngine(Engine):
 
         def back() -> None:  # after the host operation finished (if it failed, its blocks are dropped, not reused)
             try:
-                st.copy(writes, to_host=False)
+                st.copy(writes, to_host=False, limit=None if received is None else received(inner))
             finally:
                 st.release()
             _writeback(writes)
@@ -339,4 +353,7 @@ class StagedEngine(Engine):
         return self._async(self._run("send", [buf], [], lambda h, s: self.host.send(h(buf), dst, tag)))
 
     def recv(self, buf: Buf, src: int, tag: int) -> Work:
-        return self._async(self._run("recv", [], [buf], lambda h, s: self.host.recv(h(buf), src, tag)))
+        # a message may be shorter than the array: only what came is copied back (the block is not read from the device)
+        return self._async(
+            self._run("recv", [], [buf], lambda h, s: self.host.recv(h(buf), src, tag), received=_received_bytes)
+        )
