@@ -79,25 +79,40 @@ def node_layout(comm: Any, timeout_s: float | None = None, what: str = "init_pro
     return _numbered(_gather_words(comm, [_key(node_identity())], timeout_s, what)[:, 0])
 
 
+#: CPUs 0 .. 64 * _MASK_WORDS - 1 are gathered as a bitmask (exact union); CPUs beyond, rare, are counted per
+#: distinct set
+_MASK_WORDS = 16
+
+
 def node_layout_and_cpus(
     comm: Any, timeout_s: float | None = None, what: str = "init_process_group (node layout)"
 ) -> tuple[list[int], list[int]]:
     """:func:`node_layout`, and for every rank the CPUs that the ranks of ``comm`` on its node may run on.
 
-    A node's CPUs are the union of its ranks' affinity sets, counted as the sum over distinct sets (exact
-    where sets are identical, unbound ranks, or disjoint, ranks bound to their own cores). Every rank gets the
-    same answer (one ``Allgather`` of 24 bytes per rank), so what depends on it (the shared-memory engine's
+    A node's CPUs are the union of its ranks' affinity sets: a bitmask of CPUs 0-1023 per rank, OR-ed per
+    node (CPUs numbered from 1024 up are counted once per distinct set of them). Every rank gets the same
+    answer (one ``Allgather`` of 160 bytes per rank), so what depends on it (the shared-memory engine's
     oversubscribed table) is decided alike everywhere: a rank pinned to fewer CPUs than its peers must not
     pick another path than theirs.
     """
     cpus = affinity()
-    fingerprint = int.from_bytes(hashlib.blake2b(repr(cpus).encode(), digest_size=8).digest(), "little", signed=True)
-    words = _gather_words(comm, [_key(node_identity()), len(cpus), fingerprint], timeout_s, what)
+    limit = 64 * _MASK_WORDS
+    mask = np.zeros(_MASK_WORDS, dtype=np.uint64)
+    low = np.asarray([c for c in cpus if c < limit], dtype=np.uint64)
+    np.bitwise_or.at(mask, (low >> np.uint64(6)).astype(np.intp), np.uint64(1) << (low & np.uint64(63)))
+    high = tuple(c for c in cpus if c >= limit)
+    fingerprint = int.from_bytes(hashlib.blake2b(repr(high).encode(), digest_size=8).digest(), "little", signed=True)
+    head = [_key(node_identity()), len(high), fingerprint]
+    words = _gather_words(comm, head + mask.view(np.int64).tolist(), timeout_s, what)
     layout = _numbered(words[:, 0])
-    per_node: list[dict[int, int]] = [{} for _ in range(max(layout) + 1)]
-    for node, (_, count, fp) in zip(layout, words.tolist(), strict=True):
-        per_node[node][fp] = count
-    return layout, [sum(per_node[node].values()) for node in layout]
+    nodes = max(layout) + 1
+    union = np.zeros((nodes, _MASK_WORDS), dtype=np.uint64)
+    beyond: list[dict[int, int]] = [{} for _ in range(nodes)]
+    for node, row in zip(layout, words, strict=True):
+        union[node] |= row[3:].view(np.uint64)
+        beyond[node][int(row[2])] = int(row[1])
+    counts = [int(np.unpackbits(union[j].view(np.uint8)).sum()) + sum(beyond[j].values()) for j in range(nodes)]
+    return layout, [counts[node] for node in layout]
 
 
 def affinity() -> tuple[int, ...]:

@@ -80,7 +80,7 @@ from ..buffers.packing import displacements as _displs
 from ..buffers.reduction import finish_reduce, prepare
 from ..ops import ResolvedOp
 from ..topology import node_of_ranks
-from ..work import Work, timeout_error, wait_requests
+from ..work import Work, strand, timeout_error, wait_requests
 from .mpi.engine import MPIEngine, _mpi_op
 
 __all__ = ["HierarchicalEngine", "NodeTopology", "spans_nodes"]
@@ -211,6 +211,8 @@ class HierarchicalEngine(MPIEngine):
         topo = self._topo
         if topo is None:
             topo = self._topo = NodeTopology(self.pg, want_rails=self.algorithm != "leaders")
+        elif topo.node_pg._timeout_s != self.pg._timeout_s:  # set_timeout() on the group: its node steps too
+            topo.node_pg.set_timeout(self.pg._timeout)
         return topo
 
     def close(self) -> None:
@@ -222,9 +224,12 @@ class HierarchicalEngine(MPIEngine):
         """Whether ``op`` crosses the nodes on rails (the same answer on every rank)."""
         return topo.rails != MPI.COMM_NULL and (self.algorithm == "rails" or op in self.RAILS_AUTO)
 
-    def _wait_between_nodes(self, req: Any, name: str) -> None:
+    def _wait_between_nodes(self, req: Any, name: str, keep: Any) -> None:
+        """Wait for ``req`` (the step among leaders or on a rail) within the group's timeout; on timeout its
+        request and buffers ``keep`` are kept for good (a late peer may still make MPI write them)."""
         pg = self.pg
         if not req.Test() and not wait_requests([req], pg._timeout_s):
+            strand([req], keep)
             raise timeout_error((f"{name} (between nodes)", pg), pg._timeout_s)
 
     # -- all_reduce ----------------------------------------------------------------------
@@ -260,9 +265,9 @@ class HierarchicalEngine(MPIEngine):
         me = comm.Get_rank()
         mine = np.empty(counts[me], dtype=work.dtype)
         req = comm.Ireduce_scatter([work, mt], [mine, mt], counts, _mpi_op(rop.mpi_name))
-        self._wait_between_nodes(req, "all_reduce")
+        self._wait_between_nodes(req, "all_reduce", (work, mine))
         req = comm.Iallgatherv([mine, mt], [work, (counts, displs), mt])
-        self._wait_between_nodes(req, "all_reduce")
+        self._wait_between_nodes(req, "all_reduce", (work, mine))
 
     # -- broadcast -----------------------------------------------------------------------
 
@@ -276,7 +281,7 @@ class HierarchicalEngine(MPIEngine):
             topo.steps.broadcast(flat, topo.members[root_node].index(root), sync=True)
         if topo.is_leader:
             mt = mpi_datatype(buf.arr.dtype)
-            self._wait_between_nodes(topo.leaders.Ibcast([flat.arr, mt], root_node), "broadcast")
+            self._wait_between_nodes(topo.leaders.Ibcast([flat.arr, mt], root_node), "broadcast", flat.arr)
         if topo.node != root_node:
             topo.steps.broadcast(flat, 0, sync=True)
         if buf.writeback is not None and self.pg._rank != root:
@@ -295,7 +300,7 @@ class HierarchicalEngine(MPIEngine):
         if self._on_rails(topo, "all_gather_into_tensor"):  # along the rail, then on the node: rail-major rows
             rail = np.empty(topo.n_nodes * m, dtype=out.arr.dtype)
             req = topo.rails.Iallgather([inp.arr.reshape(-1), mt], [rail, mt])
-            self._wait_between_nodes(req, "all_gather_into_tensor")
+            self._wait_between_nodes(req, "all_gather_into_tensor", (inp.arr, rail))
             whole = np.empty(out.arr.size, dtype=out.arr.dtype)
             topo.steps.all_gather_into(_buf(whole), _buf(rail), sync=True)
             order: list[int] | None = topo.rail_order
@@ -309,7 +314,7 @@ class HierarchicalEngine(MPIEngine):
             if topo.is_leader:
                 counts = [s * m for s in topo.sizes]
                 req = topo.leaders.Iallgatherv(MPI.IN_PLACE, [whole, (counts, _displs(counts)), mt])
-                self._wait_between_nodes(req, "all_gather_into_tensor")
+                self._wait_between_nodes(req, "all_gather_into_tensor", whole)
             topo.steps.broadcast(_buf(whole), 0, sync=True)
             order = None if topo.identity else topo.order
         if order is not None:  # -> rank order
@@ -336,7 +341,7 @@ class HierarchicalEngine(MPIEngine):
             mine = np.empty(m, dtype=ranked.dtype)
             mt = mpi_datatype(ranked.dtype)
             req = topo.rails.Ireduce_scatter([rail, mt], [mine, mt], [m] * topo.n_nodes, _mpi_op(plain.mpi_name))
-            self._wait_between_nodes(req, "reduce_scatter_tensor")
+            self._wait_between_nodes(req, "reduce_scatter_tensor", (rail, mine))
             finish_reduce(out, mine, rop, self.pg._size)
             return None
         # the node's root reduces in place: never into the caller's input
@@ -351,7 +356,7 @@ class HierarchicalEngine(MPIEngine):
             mt = mpi_datatype(work.dtype)
             counts = [s * m for s in topo.sizes]
             req = topo.leaders.Ireduce_scatter([work, mt], [mine, mt], counts, _mpi_op(plain.mpi_name))
-            self._wait_between_nodes(req, "reduce_scatter_tensor")
+            self._wait_between_nodes(req, "reduce_scatter_tensor", (work, mine))
             ins = [_buf(mine[i * m : (i + 1) * m]) for i in range(k)]
         recv = np.empty(m, dtype=work.dtype)
         topo.steps.scatter(_buf(recv), ins, 0, sync=True)

@@ -51,9 +51,11 @@ def test_oversubscription_is_ranks_on_this_node_against_its_cpus(monkeypatch):
     assert not engine.oversubscribed_node()
 
 
-def test_node_cpus_count_identical_sets_once_and_disjoint_ones_each(monkeypatch):
-    """The union of a node's affinity sets from (count, fingerprint) pairs: ranks sharing one set count it once,
-    ranks bound to their own CPUs add up; nodes are counted apart."""
+def test_node_cpus_are_the_union_of_the_nodes_affinity_sets(monkeypatch):
+    """A node's CPUs are the union of its ranks' affinity sets (bitmasks OR-ed per node): ranks sharing one set
+    count it once, ranks bound to their own CPUs add up, overlapping sets count their union (two unbound ranks on
+    CPUs {0, 1} beside one pinned to {1} made 3 when sets were summed per distinct set: the node looked not
+    oversubscribed); nodes are counted apart; CPUs from 1024 up count once per distinct set of them."""
     import numpy as np
 
     from hpcdist import topology
@@ -62,15 +64,23 @@ def test_node_cpus_count_identical_sets_once_and_disjoint_ones_each(monkeypatch)
         def Get_size(self):
             return 1
 
-    rows = {
-        "same": [[7, 4, 11], [7, 4, 11], [9, 2, 5], [9, 2, 5]],  # two nodes of unbound ranks
-        "bound": [[7, 1, 1], [7, 1, 2], [7, 1, 3], [9, 8, 4]],  # node 7: three ranks on a core each
+    def row(node: int, cpus: list[int], high: tuple[int, int] = (0, 0)) -> list[int]:
+        mask = np.zeros(topology._MASK_WORDS, dtype=np.uint64)
+        for c in cpus:
+            mask[c // 64] |= np.uint64(1) << np.uint64(c % 64)
+        return [node, high[0], high[1], *mask.view(np.int64).tolist()]
+
+    cases = {
+        "same": ([row(7, [0, 1, 2, 3]), row(7, [0, 1, 2, 3]), row(9, [0, 1]), row(9, [0, 1])], [4, 4, 2, 2]),
+        "bound": ([row(7, [0]), row(7, [1]), row(7, [2]), row(9, list(range(8)))], [3, 3, 3, 8]),
+        "overlap": ([row(7, [0, 1]), row(7, [0, 1]), row(7, [1])], [2, 2, 2]),
+        "wide": ([row(7, [0, 63, 64, 1023]), row(7, [1023], (2, 5)), row(7, [], (2, 5))], [6, 6, 6]),
     }
-    for name, want in (("same", [4, 4, 2, 2]), ("bound", [3, 3, 3, 8])):
-        monkeypatch.setattr(topology, "_gather_words", lambda *a, rows=rows[name]: np.array(rows))
+    for name, (rows, want) in cases.items():
+        monkeypatch.setattr(topology, "_gather_words", lambda *a, rows=rows: np.array(rows, dtype=np.int64))
         layout, cpus = topology.node_layout_and_cpus(_Comm())
         assert cpus == want, name
-        assert layout == ([0, 0, 1, 1] if name == "same" else [0, 0, 0, 1])
+        assert layout == [0 if r[0] == rows[0][0] else 1 for r in rows], name
 
 
 def test_table_rows_are_well_formed():
