@@ -80,7 +80,7 @@ from ..buffers.packing import displacements as _displs
 from ..buffers.reduction import finish_reduce, prepare
 from ..ops import ResolvedOp
 from ..topology import node_of_ranks
-from ..work import Work, strand, timeout_error, wait_requests
+from ..work import Work, mpi_failure, strand, timeout_error, wait_requests
 from .mpi.engine import MPIEngine, _mpi_op
 
 __all__ = ["HierarchicalEngine", "NodeTopology", "spans_nodes"]
@@ -201,8 +201,13 @@ class HierarchicalEngine(MPIEngine):
         # all_reduce's lane and fast path stop where the hierarchical path starts
         self.fast_all_reduce_below = min(self.fast_all_reduce_below, self.lane_below("all_reduce"))
 
+    #: the collectives it runs in node steps; the others are MPIEngine's, lanes at every size included
+    HIER_OPS = frozenset({"all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"})
+
     def lane_below(self, op: str) -> float:
-        return float("inf") if self.min_bytes is None else self.min_bytes  # where the node steps start
+        if self.min_bytes is None or op not in self.HIER_OPS:
+            return float("inf")
+        return self.min_bytes  # where the node steps start
 
     def _use(self, sync: bool, nbytes: int) -> NodeTopology | None:
         """The topology when this call goes hierarchical (same answer on every rank: sizes agree), else None."""
@@ -228,9 +233,14 @@ class HierarchicalEngine(MPIEngine):
         """Wait for ``req`` (the step among leaders or on a rail) within the group's timeout; on timeout its
         request and buffers ``keep`` are kept for good (a late peer may still make MPI write them)."""
         pg = self.pg
-        if not req.Test() and not wait_requests([req], pg._timeout_s):
+        what = (f"{name} (between nodes)", pg)
+        try:
+            done = req.Test() or wait_requests([req], pg._timeout_s)
+        except Exception as failed:  # MPI reported the request failed: named, as on the flat paths
+            raise mpi_failure(what, failed) from failed
+        if not done:
             strand([req], keep)
-            raise timeout_error((f"{name} (between nodes)", pg), pg._timeout_s)
+            raise timeout_error(what, pg._timeout_s)
 
     # -- all_reduce ----------------------------------------------------------------------
 

@@ -252,3 +252,21 @@ def test_set_timeout_reaches_the_node_steps():
         )
     finally:
         dist.destroy_process_group(g)
+
+
+def test_lanes_stop_only_where_the_node_steps_start():
+    """GUARD (found by the audit, fixed): the engine's lanes stop at ``HPCDIST_HIER_MIN_BYTES`` only for the four
+    collectives it runs in node steps; reduce, gather, scatter, list all_gather and all_to_all_single are MPIEngine's
+    at every size, so their lanes serve every size too (they lost them from 512 KiB for no change of path)."""
+    layout = next(iter(_layouts().values()))
+    with pretend(layout, HPCDIST_HIER="auto", HPCDIST_HIER_MIN_BYTES="4096"):
+        g = dist.new_group()
+        eng = g.engine("cpu")  # chosen on the pretend layout
+    try:
+        assert isinstance(eng, HierarchicalEngine)
+        for op in ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"):
+            assert eng.lane_below(op) == 4096, op
+        for op in ("reduce", "gather", "scatter", "all_gather", "all_to_all_single"):
+            assert eng.lane_below(op) == float("inf"), op
+    finally:
+        dist.destroy_process_group(g)
