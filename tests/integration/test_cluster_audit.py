@@ -14,7 +14,7 @@ Two kinds of job:
   ``/dev/shm`` is its own.
 
 Every launch is killed after its limit (``run_mpi(limit=)``, ``JOB_LIMIT``);
-elapsed times asserted are hang guards, never speed claims. Docstrings say
+no elapsed time is asserted (a timeout is checked by the limit its error names). Docstrings say
 ``DEFECT:`` (fails on the code audited, file:line) or ``GUARD:`` (a risky edge that works).
 """
 
@@ -102,7 +102,8 @@ if RANK != 1:                                       # rank 1 never comes
         dist.all_reduce(x)
         say("RESULT none")
     except dist.DistError as e:
-        say("RESULT", f"{time.monotonic() - t0:.1f}", type(e).__name__)
+        import re
+        say("RESULT", type(e).__name__, re.search(r"within ([0-9.]+)s", str(e)).group(1))
 time.sleep(max(0.0, t0 + 15 - time.monotonic()))    # every rank leaves at once (one leaving ends the launch)
 os._exit(0)
 """
@@ -112,9 +113,8 @@ os._exit(0)
     node_timeouts = _lines(r.stdout, "NODE_TIMEOUT")
     results = _lines(r.stdout, "RESULT")
     assert set(results) == {0, 2}, r.output
-    elapsed = {k: float(v.split()[0]) for k, v in results.items()}
-    # the group's timeout is 3 s: every rank must give up within a few seconds of it
-    assert all(v < 12 for v in elapsed.values()), (elapsed, node_timeouts)
+    # every rank's error is the group's new 3 s timeout, the node steps' too (they kept the first call's 30 s)
+    assert all(v.split() == ["DistTimeoutError", "3"] for v in results.values()), (results, node_timeouts)
 
 
 def test_timed_out_step_between_nodes_keeps_its_request_and_buffers(tmp_path):
@@ -173,7 +173,8 @@ if RANK != {laggard}:
         dist.all_reduce(x)
         say("RESULT none")
     except dist.DistError as e:
-        say("RESULT", f"{{time.monotonic() - t0:.1f}}", type(e).__name__)
+        import re
+        say("RESULT", type(e).__name__, re.search(r"within ([0-9.]+)s", str(e)).group(1))
 time.sleep(max(0.0, t0 + 15 - time.monotonic()))    # every rank leaves at once (one leaving ends the launch)
 os._exit(0)
 """
@@ -183,8 +184,8 @@ os._exit(0)
     results = _lines(r.stdout, "RESULT")
     assert set(results) == {0, 1, 2} - {laggard}, r.output
     for rank, line in results.items():
-        secs, kind = line.split()[:2]
-        assert kind == "DistTimeoutError" and float(secs) < 10, (rank, line, r.output)
+        kind, limit = line.split()[:2]
+        assert kind == "DistTimeoutError" and float(limit) == 2.0, (rank, line, r.output)  # the group's timeout
 
 
 @pytest.mark.xfail(
@@ -526,17 +527,14 @@ def test_a_rank_that_dies_mid_collective_ends_the_job(cluster, tmp_path):
     launcher-free world's liveness ends every other rank promptly (non-zero exit), none hangs to the job limit."""
     name, nodes = cluster
     placement = PLACEMENTS[nodes][0]
-    t0 = time.monotonic()
     reports, failures = launch(
         name, placement, tmp_path, mode="die", extra={"AUDIT_VICTIM": "1", "AUDIT_TIMEOUT": "60"}, allow_fail=True
     )
-    elapsed = time.monotonic() - t0
     assert all("rc=None" not in f for f in failures), failures  # none was killed at the job limit
     assert any(f.startswith("rank 1 ") for f in failures), failures  # the victim
     for r in reports:  # a survivor that reported: the collective raised, it did not complete
         assert not r["after"].startswith("completed"), r
     assert len(failures) + len(reports) >= len(placement), (reports, failures)
-    assert elapsed < 100, elapsed
 
 
 def test_equal_host_names_with_own_dev_shm_are_two_nodes(cluster, tmp_path):
