@@ -21,6 +21,11 @@ on one node, CUDA-aware or staged MPI for CUDA tensors).
   shared-memory one (whose calls complete before returning), so DDP's
   buckets overlap backward; on one node ranks must then agree on
   ``async_op`` for all-reduces in the shared-memory size window.
+* On a group spanning nodes, blocking all_reduce, broadcast,
+  all_gather_into_tensor and reduce_scatter_tensor of CPU tensors from
+  ``HPCDIST_HIER_MIN_BYTES`` run as blocking hpcdist calls, which the
+  hierarchical engine takes (it serves blocking calls only); ranks must
+  agree on ``async_op`` for those too.
 * Called on the progress thread (inside a future's callback, e.g. PowerSGD's):
   the operation runs to completion there, so a callback that waits on it
   cannot block the thread that would complete it.
@@ -65,35 +70,38 @@ class _Pairwise(NamedTuple):
     """A method running one hpcdist call per (output, input) pair: torch's name, the call, its argument names."""
 
     name: str
-    call: Callable[[Any, Any, Any, Any], Any]  # (output, input, op or None, hpcdist group) -> hpcdist Work
+    call: Callable[[Any, Any, Any, Any, bool], Any]  # (output, input, op or None, hpcdist group, async_op) -> Work
     reduces: bool  # takes opts.reduceOp
     args: tuple[str, str]  # (outputs, inputs) argument names, for errors
+    sized_by: int | None = None  # which of (output, input) a hierarchical engine sizes the call by; None: never
 
 
 _ALL_GATHER = _Pairwise(
     "all_gather",
-    lambda o, i, op, g: C.all_gather(o, i, group=g, async_op=True),
+    lambda o, i, op, g, a: C.all_gather(o, i, group=g, async_op=True),
     False,
     ("output_tensors", "input_tensors"),
 )
 _ALL_GATHER_INTO = _Pairwise(
     "all_gather_into_tensor",
-    lambda o, i, op, g: C.all_gather_into_tensor(o, i, group=g, async_op=True),
+    lambda o, i, op, g, a: C.all_gather_into_tensor(o, i, group=g, async_op=a),
     False,
     ("output", "input"),
+    0,
 )
 _ALL_GATHER_INTO_MANY = _ALL_GATHER_INTO._replace(name="all_gather_into_tensor_coalesced", args=("outputs", "inputs"))
 _REDUCE_SCATTER = _Pairwise(
     "reduce_scatter",
-    lambda o, i, op, g: C.reduce_scatter(o, i, op, group=g, async_op=True),
+    lambda o, i, op, g, a: C.reduce_scatter(o, i, op, group=g, async_op=True),
     True,
     ("output_tensors", "input_tensors"),
 )
 _REDUCE_SCATTER_INTO = _Pairwise(
     "reduce_scatter_tensor",
-    lambda o, i, op, g: C.reduce_scatter_tensor(o, i, op, group=g, async_op=True),
+    lambda o, i, op, g, a: C.reduce_scatter_tensor(o, i, op, group=g, async_op=a),
     True,
     ("output", "input"),
+    1,
 )
 _REDUCE_SCATTER_INTO_MANY = _REDUCE_SCATTER_INTO._replace(
     name="reduce_scatter_tensor_coalesced", args=("outputs", "inputs")
@@ -124,6 +132,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         self._g2l = dict(att.main._g2l)
         self._async_engine: Any = None  # the plain MPI engine of asynchronous all-reduces (made on first use)
         self._engine_window: tuple[int, int] | None = None  # sizes of blocking all-reduces the engine takes
+        self._hier_from: int | None = -1  # blocking CPU calls from here go hierarchical (None: never; -1: unknown)
 
     # -- identity ---------------------------------------------------------------------
 
@@ -190,9 +199,9 @@ class HpcdistProcessGroup(dist.ProcessGroup):
     def _go(self, name: str, async_op: bool, result: list[Any], start: Callable[[Any], Any]) -> HpcdistWork:
         """Start the MPI operation(s) with ``start(hpcdist_group)``; return a torch Work.
 
-        Always the non-blocking MPI routines: MPI never matches a blocking
-        collective with a non-blocking one, and another rank may call this
-        one with ``async_op=True``. Blocking calls (and calls inside a future's
+        The non-blocking MPI routines (but for the engine windows above): MPI
+        never matches a blocking collective with a non-blocking one, and
+        another rank may call this one with ``async_op=True``. Blocking calls (and calls inside a future's
         callback) wait here, on this thread.
         """
         if async_op and progress.PROGRESS.ident != _get_ident():
@@ -218,7 +227,12 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             "broadcast",
             opts.asyncOp,
             tensors,
-            [lambda g, t=t: C.broadcast(t, group=g, async_op=True, group_src=root) for t in tensors],
+            [
+                lambda g, t=t: C.broadcast(
+                    t, group=g, async_op=opts.asyncOp or not self._across_nodes(t), group_src=root
+                )
+                for t in tensors
+            ],
         )
 
     def allreduce(self, tensors: list[Any], opts: Any = None) -> Any:
@@ -266,7 +280,24 @@ class HpcdistProcessGroup(dist.ProcessGroup):
                 eng = self._async_engine = MPIEngine(self._hpg, "cpu")
             buf = adapt(t, "tensor", True)
             return C.all_reduce_start(self._hpg, eng, buf, resolve_op(op, buf.dtype))
-        return C.all_reduce(t, op, group=self._hpg, async_op=True)
+        return C.all_reduce(t, op, group=self._hpg, async_op=asynchronous or not self._across_nodes(t))
+
+    def _across_nodes(self, t: Any) -> bool:
+        """Whether a blocking call on ``t`` runs as a blocking hpcdist call: where the group spans nodes and the
+        hierarchical engine takes ``t``'s size (its node steps serve blocking calls only).
+
+        Every other call starts non-blocking, so that ranks passing different ``async_op`` still meet; here every
+        rank must pass the same ``async_op`` (docs/torch.md), as for all-reduces in the shared-memory window.
+        """
+        if not t.is_cpu:
+            return False
+        start = self._hier_from
+        if start == -1:
+            from ..backends.hierarchical import HierarchicalEngine
+
+            eng = self._hpg.engine("cpu")
+            start = self._hier_from = eng.min_bytes if isinstance(eng, HierarchicalEngine) else None
+        return start is not None and t.numel() * t.element_size() >= start
 
     def _blocking_in_engine(self, nbytes: int) -> bool:
         """Whether a blocking CPU all-reduce of ``nbytes`` takes the group's engine (else the MPI path of the
@@ -376,12 +407,15 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         check_tensors(spec.name, spec.args[0], outputs)
         result = _flat(outputs)
         op = reduce_op(spec.name, opts.reduceOp, result[0].dtype) if spec.reduces and result else None
-        call = spec.call
+        call, by, asynchronous = spec.call, spec.sized_by, opts.asyncOp
         return self._many(
             spec.name,
-            opts.asyncOp,
+            asynchronous,
             result,
-            [lambda g, o=o, i=i: call(o, i, op, g) for o, i in zip(outputs, inputs, strict=True)],
+            [
+                lambda g, o=o, i=i: call(o, i, op, g, asynchronous or by is None or not self._across_nodes((o, i)[by]))
+                for o, i in zip(outputs, inputs, strict=True)
+            ],
         )
 
     def alltoall(self, output_tensors: list[Any], input_tensors: list[Any], opts: Any = None) -> Any:

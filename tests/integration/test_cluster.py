@@ -14,17 +14,15 @@ as root) they fail instead, so they really run there.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from mpirun import ROOT, Result, run_limited
+import simcluster
+from mpirun import Result, run_limited
+from simcluster import SCRIPTS
 
-SCRIPTS = ROOT / "scripts"
 JOB = Path(__file__).with_name("cluster_job.py")
 NAME = f"hpcdt{os.getpid() % 100000}"  # a cluster of this test session's own
 JOB_LIMIT = 240.0  # seconds for one 4-rank job, all ranks together
@@ -32,37 +30,11 @@ JOB_LIMIT = 240.0  # seconds for one 4-rank job, all ranks together
 pytestmark = pytest.mark.cluster
 
 
-def _must_run() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes") and os.geteuid() == 0
-
-
 @pytest.fixture(scope="module")
 def cluster():
     """A running 2-node cluster of this session's own; always removed afterwards."""
-    env = dict(os.environ, HPCDIST_CLUSTER=NAME)
-    try:
-        proc = subprocess.run(
-            [str(SCRIPTS / "cluster-up"), "2"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-        )
-        reason = (
-            (proc.stderr.strip() or proc.stdout.strip() or "no message").splitlines()[-1] if proc.returncode else ""
-        )
-    except subprocess.TimeoutExpired:
-        reason = "scripts/cluster-up took longer than 60 s"
-    try:
-        if reason:
-            msg = f"no simulated cluster: {reason}"
-            if _must_run():
-                pytest.fail(msg + " (CI as root must run the cluster tests)")
-            pytest.skip(msg)
-        yield NAME
-    finally:
-        subprocess.run([str(SCRIPTS / "cluster-down")], env=env, capture_output=True, timeout=60)
+    with simcluster.running(NAME, 2) as name:
+        yield name
 
 
 def launch(cluster: str, placement: list[str], url_of: str, tmp_path: Path) -> list[dict]:
@@ -72,57 +44,15 @@ def launch(cluster: str, placement: list[str], url_of: str, tmp_path: Path) -> l
     URL with the rank in its query). Rank 0 serves the store on node1's
     address. All ranks are killed when the job outlives JOB_LIMIT.
     """
-    n = len(placement)
-    port = 29500
-    procs = []
-    t0 = time.monotonic()
-    for rank, node in enumerate(placement):
-        env = dict(os.environ)
-        env.pop("HPCDIST_TIMEOUT", None)
-        env.update(
-            HPCDIST_CLUSTER=cluster,
-            PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-            PYTHONUNBUFFERED="1",
-            RANK=str(rank),
-            WORLD_SIZE=str(n),
-            MASTER_ADDR="10.77.0.1",
-            MASTER_PORT=str(port),
-            UCX_TLS="tcp,self",  # MPICH's UCX: its default transports cannot connect across namespaces
-            HPCDIST_HIER="1",  # the hierarchical path at every size, small ones included
-            CUDA_VISIBLE_DEVICES="0,1,2,3",
-            HPCDIST_STORE_SECRET=f"cluster-test-{NAME}",  # the store is reachable off loopback: authenticate
-        )
-        for var in ("LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-            env.pop(var, None)
-        url = "env://" if url_of == "env" else f"tcp://10.77.0.1:{port}?rank={rank}&world_size={n}"
-        cmd = [str(SCRIPTS / "cluster-exec"), node, sys.executable, str(JOB), url]
-        out = open(tmp_path / f"rank{rank}.out", "w+")  # noqa: SIM115 (closed below)
-        procs.append(
-            (subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True), out)
-        )
-    reports, failures = [], []
-    try:
-        for rank, (proc, out) in enumerate(procs):
-            left = max(1.0, JOB_LIMIT - (time.monotonic() - t0))
-            try:
-                rc = proc.wait(timeout=left)
-            except subprocess.TimeoutExpired:
-                rc = None
-            out.seek(0)
-            text = out.read()
-            lines = [ln for ln in text.splitlines() if ln.startswith("REPORT ")]
-            if rc != 0 or not lines:
-                failures.append(f"rank {rank} on {placement[rank]}: rc={rc}\n{text[-3000:]}")
-            else:
-                reports.append(json.loads(lines[-1][len("REPORT ") :]))
-    finally:
-        for proc, out in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-            out.close()
+    extra = {
+        "HPCDIST_HIER": "1",  # the hierarchical path at every size, small ones included
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+    }
+    reports, failures = simcluster.launch(
+        cluster, placement, [str(JOB)], tmp_path, port=29500, url_of=url_of, extra=extra, limit=JOB_LIMIT
+    )
     assert not failures, "\n\n".join(failures)
-    return sorted(reports, key=lambda r: r["rank"])
+    return reports
 
 
 def node_rank(placement: list[str], rank: int) -> int:
