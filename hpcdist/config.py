@@ -48,6 +48,11 @@ Knobs are read when asked for (never at import time), so a program may set
                                  reduce_scatter where every node holds as
                                  many of the group's ranks, else
                                  ``leaders``), ``rails`` or ``leaders``
+``HPCDIST_HIER_ASYNC``           ``1`` (default): ``async_op=True``
+                                 hierarchical calls run their steps on a
+                                 thread of the engine (needs
+                                 ``MPI_THREAD_MULTIPLE``); ``0``: they take
+                                 the flat non-blocking MPI call
 ``HPCDIST_NODE_ID``              this process's node identity, overriding
                                  host name + boot id + /dev/shm
                                  (:mod:`hpcdist.topology`)
@@ -112,6 +117,8 @@ KNOBS: dict[str, str] = {
     "HPCDIST_HIER_MIN_BYTES": "smallest message for the hierarchical path in auto mode (default 524288)",
     "HPCDIST_HIER_ALGO": "auto (default) | rails | leaders: how hierarchical reductions and gathers cross nodes "
     "(docs/multinode.md)",
+    "HPCDIST_HIER_ASYNC": "1 (default): async_op=True hierarchical calls run on the engine's thread (with "
+    "MPI_THREAD_MULTIPLE); 0: they take the flat non-blocking MPI call (docs/multinode.md)",
     "HPCDIST_NODE_ID": "node identity override (default: host name + boot id + /dev/shm)",
     "HPCDIST_SHM": "auto (default: the measured table) | 1 (shared memory always) | 0 (MPI only), on one node",
     "HPCDIST_SHM_DIRECT": "1: node-local collectives read peers' arrays directly (process_vm_readv) where the OS "
@@ -310,6 +317,11 @@ def hierarchical_min_bytes() -> int | None:
     return _hier_min_bytes()
 
 
+def hierarchical_async() -> bool:
+    """Whether ``async_op=True`` hierarchical calls run their steps on the engine's thread (``HPCDIST_HIER_ASYNC``)."""
+    return bool(env_flag("HPCDIST_HIER_ASYNC", True))
+
+
 def _hier_min_bytes() -> int:
     return _int_env("HPCDIST_HIER_MIN_BYTES", DEFAULT_HIER_MIN_BYTES, 0, "a number of bytes")
 
@@ -381,6 +393,7 @@ READERS: dict[str, Any] = {
     "HPCDIST_HIER": lambda: _tristate("HPCDIST_HIER"),
     "HPCDIST_HIER_MIN_BYTES": _hier_min_bytes,
     "HPCDIST_HIER_ALGO": hierarchical_algorithm,
+    "HPCDIST_HIER_ASYNC": hierarchical_async,
     "HPCDIST_SHM": shm_mode,
     "HPCDIST_SHM_DIRECT": shm_direct,
     "HPCDIST_SHM_SLOT": shm_slot_bytes,

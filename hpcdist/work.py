@@ -73,6 +73,8 @@ def wait_requests(reqs: Sequence[Any], timeout_s: float, status: Any = None) -> 
 
     if test():
         return True
+    if len(reqs) == 1 and type(reqs[0]) in BLOCKING_REQUESTS:  # a request-like object that can wait without spinning
+        return bool(reqs[0].block(timeout_s))
     start = _monotonic()
     deadline = start + timeout_s
     n = 0
@@ -92,6 +94,11 @@ def wait_requests(reqs: Sequence[Any], timeout_s: float, status: Any = None) -> 
                     _yield()
                 else:
                     _sleep(0.001)
+
+
+#: request-like classes whose ``block(timeout_s) -> bool`` waits for completion without spinning (the hierarchical
+#: engine's StepJob, registered by it): :func:`wait_requests` uses it for a single such request
+BLOCKING_REQUESTS: set[type] = set()
 
 
 def test_all(reqs: list[Any]) -> bool:

@@ -57,16 +57,33 @@ chosen for one-node groups, with no change here.
 
 **When it runs.** For a group whose ranks lie on two or more nodes with two or
 more ranks on some node (by :mod:`hpcdist.topology`, known on every rank
-without a message), for blocking calls of at least ``HPCDIST_HIER_MIN_BYTES``
-(``HPCDIST_HIER=1``: every size; ``0``: never). Other calls, and
-``async_op=True`` calls (which keep the flat non-blocking MPI call, so they
-overlap with computation), take the flat MPI path. The node and leader
-communicators are split from the group's on its first hierarchical call,
-which, like every collective, all ranks of the group make.
+without a message), for calls of at least ``HPCDIST_HIER_MIN_BYTES`` (``HPCDIST_HIER=1``: every
+size; ``0``: never). Smaller calls take the flat MPI path. The node, leader
+and rail communicators are split from the group's on its first hierarchical
+call, which, like every collective, all ranks of the group make.
+
+**Asynchronous calls run on the engine's thread.** The steps are blocking
+calls on communicators of their own, so an ``async_op=True`` call cannot
+return before them on the calling thread. Where MPI runs at
+``MPI_THREAD_MULTIPLE`` (and ``HPCDIST_HIER_ASYNC`` is not 0) each engine has
+one thread that runs the steps of its calls, one call at a time, in the
+order they were made: an asynchronous call hands its steps over and returns
+a Work whose one "request" is that hand-over (:class:`StepJob`); a blocking
+call runs them on the calling thread once the thread has finished every
+call handed to it before. Either way the calls reach the node, leader and
+rail communicators in program order on every rank, so ranks may mix
+``async_op`` for these calls. Without the thread level, asynchronous calls
+take the flat non-blocking MPI call. Everything a call does on the group's
+own communicator (the topology's splits, the NaN check of MIN/MAX) happens
+on the calling thread, before the hand-over.
 """
 
 from __future__ import annotations
 
+import collections
+import threading
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -80,7 +97,7 @@ from ..buffers.packing import displacements as _displs
 from ..buffers.reduction import finish_reduce, prepare
 from ..ops import ResolvedOp
 from ..topology import node_of_ranks
-from ..work import Work, mpi_failure, strand, timeout_error, wait_requests
+from ..work import BLOCKING_REQUESTS, Work, completed_work, mpi_failure, strand, timeout_error, wait_requests
 from .mpi.engine import MPIEngine, _mpi_op
 
 __all__ = ["HierarchicalEngine", "NodeTopology", "spans_nodes"]
@@ -175,6 +192,132 @@ def _buf(arr: np.ndarray) -> Buf:
     return Buf(arr, arr, arr.dtype.name)
 
 
+class StepJob:
+    """The one "request" of an asynchronous hierarchical call: its steps, run by the engine's :class:`StepThread`.
+
+    Has the ``Test``/``Cancel``/``Wait`` of an ``MPI.Request``, so a
+    :class:`~hpcdist.work.Work` tests it like one; ``Test`` raises the
+    steps' error (a timeout, a failed MPI call) once they ended with one.
+    ``block(timeout_s)`` waits for it without spinning (``wait_requests``
+    uses it), so a waiter leaves the interpreter to the thread.
+    """
+
+    __slots__ = ("_done", "_exc", "_steps")
+
+    def __init__(self, steps: Callable[[], None]) -> None:
+        self._steps: Callable[[], None] | None = steps
+        self._done = threading.Event()
+        self._exc: BaseException | None = None
+
+    def run(self) -> None:
+        steps, self._steps = self._steps, None
+        try:
+            if steps is not None:
+                steps()
+        except BaseException as exc:  # the Work's waiter raises it
+            self._exc = exc
+        finally:
+            self._done.set()
+
+    def Test(self, status: Any = None) -> bool:
+        if not self._done.is_set():
+            return False
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def block(self, timeout_s: float) -> bool:
+        return self._done.wait(timeout_s) and self.Test()
+
+    def Cancel(self) -> None:  # steps that started run to their end (each is bounded by the group's timeout)
+        pass
+
+    def Wait(self) -> None:
+        self._done.wait()
+        self.Test()
+
+
+BLOCKING_REQUESTS.add(StepJob)
+
+
+class StepThread:
+    """One daemon thread running the steps of an engine's asynchronous calls, one call at a time, in hand-over
+    order; a blocking call takes its :meth:`turn` after them. Every step is bounded by the group's timeout, so a
+    turn is too."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cv = threading.Condition()
+        self._queue: collections.deque[StepJob | None] = collections.deque()
+        self._busy = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: StepJob) -> None:
+        with self._cv:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._queue.append(job)
+            self._cv.notify_all()
+
+    def _run(self) -> None:
+        cv, queue = self._cv, self._queue
+        while True:
+            with cv:
+                while not queue:
+                    cv.wait()
+                job = queue.popleft()
+                if job is None:  # close()
+                    return
+                self._busy = True
+            try:
+                job.run()
+            finally:
+                with cv:
+                    self._busy = False
+                    cv.notify_all()
+
+    def turn(self) -> _Turn:
+        """``with thread.turn():`` the calling thread runs steps once every handed-over call has finished."""
+        return _Turn(self)
+
+    def idle(self) -> bool:
+        with self._cv:
+            return not self._queue and not self._busy
+
+    def close(self) -> None:
+        """After every handed-over call: end the thread (joined, so a later submit starts a fresh one)."""
+        with self._cv:
+            while self._queue or self._busy:
+                self._cv.wait()
+            thread, self._thread = self._thread, None
+            if thread is not None:
+                self._queue.append(None)
+                self._cv.notify_all()
+        if thread is not None:
+            thread.join()
+
+
+class _Turn:
+    __slots__ = ("_t",)
+
+    def __init__(self, t: StepThread) -> None:
+        self._t = t
+
+    def __enter__(self) -> None:
+        t = self._t
+        with t._cv:
+            while t._queue or t._busy:
+                t._cv.wait()
+            t._busy = True
+
+    def __exit__(self, *exc: object) -> None:
+        t = self._t
+        with t._cv:
+            t._busy = False
+            t._cv.notify_all()
+
+
 def _split(count: int, parts: int) -> list[int]:
     """``count`` elements in ``parts`` nearly equal consecutive slices."""
     q, r = divmod(count, parts)
@@ -198,6 +341,10 @@ class HierarchicalEngine(MPIEngine):
         self.min_bytes = config.hierarchical_min_bytes()
         self.algorithm = config.hierarchical_algorithm()
         self._topo: NodeTopology | None = None
+        # where asynchronous calls run their steps (None: they take the flat non-blocking path)
+        self._steps_thread: StepThread | None = None
+        if config.hierarchical_async() and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+            self._steps_thread = StepThread(f"hpcdist-hier-{pg.group_name}")
         # all_reduce's lane and fast path stop where the hierarchical path starts
         self.fast_all_reduce_below = min(self.fast_all_reduce_below, self.lane_below("all_reduce"))
 
@@ -210,8 +357,10 @@ class HierarchicalEngine(MPIEngine):
         return self.min_bytes  # where the node steps start
 
     def _use(self, sync: bool, nbytes: int) -> NodeTopology | None:
-        """The topology when this call goes hierarchical (same answer on every rank: sizes agree), else None."""
-        if not sync or self.min_bytes is None or nbytes < self.min_bytes:
+        """The topology when this call goes hierarchical (same answer on every rank: sizes agree), else None.
+
+        Built here, on the calling thread: its splits are collectives on the group's communicator."""
+        if self.min_bytes is None or nbytes < self.min_bytes or not (sync or self._steps_thread is not None):
             return None
         topo = self._topo
         if topo is None:
@@ -221,9 +370,27 @@ class HierarchicalEngine(MPIEngine):
         return topo
 
     def close(self) -> None:
+        if self._steps_thread is not None:  # its calls finish first: they use the communicators freed below
+            self._steps_thread.close()
         if self._topo is not None:
             self._topo.close()
             self._topo = None
+
+    def _steps(self, sync: bool, name: str, steps: Callable[[], None], keep: Any, result: Any) -> Work | None:
+        """Run ``steps`` (the node and between-node steps of one call) in program order among this engine's calls:
+        blocking, on this thread after every asynchronous call before it; else on the engine's thread, returning
+        the Work of that."""
+        thread = self._steps_thread
+        if thread is None:
+            steps()
+            return None if sync else completed_work((name, self.pg), result)
+        if sync:
+            with thread.turn():
+                steps()
+            return None
+        job = StepJob(steps)
+        thread.submit(job)
+        return Work([job], None, keep, self.pg._timeout_s, (name, self.pg), result)
 
     def _on_rails(self, topo: NodeTopology, op: str) -> bool:
         """Whether ``op`` crosses the nodes on rails (the same answer on every rank)."""
@@ -248,7 +415,10 @@ class HierarchicalEngine(MPIEngine):
         topo = self._use(sync, buf.arr.nbytes)
         if topo is None:
             return super().all_reduce(buf, rop, sync)
-        rop = self._unordered_if_no_nan(rop, buf, sync)
+        rop = self._unordered_if_no_nan(rop, buf, True)  # here: a collective on the group's communicator
+        return self._steps(sync, "all_reduce", partial(self._all_reduce_steps, topo, buf, rop), buf, buf.obj)
+
+    def _all_reduce_steps(self, topo: NodeTopology, buf: Buf, rop: ResolvedOp) -> None:
         work = prepare(buf, rop, copy=False).reshape(-1)
         wbuf, plain = _buf(work), _plain(rop)
         steps = topo.steps
@@ -264,7 +434,6 @@ class HierarchicalEngine(MPIEngine):
                 self._all_reduce_between_nodes(topo.leaders, work, plain)
             steps.broadcast(wbuf, 0, sync=True)
         finish_reduce(buf, work, rop, self.pg._size)
-        return None
 
     def _all_reduce_between_nodes(self, comm: Any, work: np.ndarray, rop: ResolvedOp) -> None:
         """Reduce-scatter then all-gather among the leaders (or one rail): each element is reduced by one rank of
@@ -285,6 +454,9 @@ class HierarchicalEngine(MPIEngine):
         topo = self._use(sync, buf.arr.nbytes)
         if topo is None:
             return super().broadcast(buf, root, sync)
+        return self._steps(sync, "broadcast", partial(self._broadcast_steps, topo, buf, root), buf, buf.obj)
+
+    def _broadcast_steps(self, topo: NodeTopology, buf: Buf, root: int) -> None:
         root_node = next(j for j, block in enumerate(topo.members) if root in block)
         flat = _buf(buf.arr.reshape(-1))
         if topo.node == root_node:
@@ -296,7 +468,6 @@ class HierarchicalEngine(MPIEngine):
             topo.steps.broadcast(flat, 0, sync=True)
         if buf.writeback is not None and self.pg._rank != root:
             buf.writeback()
-        return None
 
     # -- all_gather_into_tensor ----------------------------------------------------------
 
@@ -304,6 +475,10 @@ class HierarchicalEngine(MPIEngine):
         topo = self._use(sync, out.arr.nbytes)
         if topo is None:
             return super().all_gather_into(out, inp, sync)
+        steps = partial(self._all_gather_into_steps, topo, out, inp)
+        return self._steps(sync, "all_gather_into_tensor", steps, (out, inp), out.obj)
+
+    def _all_gather_into_steps(self, topo: NodeTopology, out: Buf, inp: Buf) -> None:
         m = inp.arr.size
         n = len(topo.order)
         mt = mpi_datatype(out.arr.dtype)
@@ -331,7 +506,6 @@ class HierarchicalEngine(MPIEngine):
             out.arr.reshape(n, m)[order] = whole.reshape(n, m)
         if out.writeback is not None:
             out.writeback()
-        return None
 
     # -- reduce_scatter_tensor -----------------------------------------------------------
 
@@ -339,9 +513,13 @@ class HierarchicalEngine(MPIEngine):
         topo = self._use(sync, inp.arr.nbytes)
         if topo is None:
             return super().reduce_scatter_tensor(out, inp, rop, sync)
+        rop = self._unordered_if_no_nan(rop, inp, True)  # here: a collective on the group's communicator
+        steps = partial(self._reduce_scatter_tensor_steps, topo, out, inp, rop)
+        return self._steps(sync, "reduce_scatter_tensor", steps, (out, inp), out.obj)
+
+    def _reduce_scatter_tensor_steps(self, topo: NodeTopology, out: Buf, inp: Buf, rop: ResolvedOp) -> None:
         m = out.arr.size
         n = len(topo.order)
-        rop = self._unordered_if_no_nan(rop, inp, sync)
         plain = _plain(rop)
         if self._on_rails(topo, "reduce_scatter_tensor"):
             # the blocks of rail 0 first (in node order), then rail 1's, ...: a copy, so the input stays as it was
@@ -353,7 +531,7 @@ class HierarchicalEngine(MPIEngine):
             req = topo.rails.Ireduce_scatter([rail, mt], [mine, mt], [m] * topo.n_nodes, _mpi_op(plain.mpi_name))
             self._wait_between_nodes(req, "reduce_scatter_tensor", (rail, mine))
             finish_reduce(out, mine, rop, self.pg._size)
-            return None
+            return
         # the node's root reduces in place: never into the caller's input
         work = prepare(inp, rop, copy=topo.is_leader).reshape(-1)
         if not topo.identity:
@@ -371,7 +549,6 @@ class HierarchicalEngine(MPIEngine):
         recv = np.empty(m, dtype=work.dtype)
         topo.steps.scatter(_buf(recv), ins, 0, sync=True)
         finish_reduce(out, recv, rop, self.pg._size)
-        return None
 
 
 def hierarchical_or_none(pg: Any, device_type: str) -> HierarchicalEngine | None:

@@ -21,11 +21,13 @@ on one node, CUDA-aware or staged MPI for CUDA tensors).
   shared-memory one (whose calls complete before returning), so DDP's
   buckets overlap backward; on one node ranks must then agree on
   ``async_op`` for all-reduces in the shared-memory size window.
-* On a group spanning nodes, blocking all_reduce, broadcast,
-  all_gather_into_tensor and reduce_scatter_tensor of CPU tensors from
-  ``HPCDIST_HIER_MIN_BYTES`` run as blocking hpcdist calls, which the
-  hierarchical engine takes (it serves blocking calls only); ranks must
-  agree on ``async_op`` for those too.
+* On a group spanning nodes, all_reduce, broadcast, all_gather_into_tensor
+  and reduce_scatter_tensor of CPU tensors from ``HPCDIST_HIER_MIN_BYTES`` go
+  to the hierarchical engine as they are: blocking ones run there, and
+  asynchronous ones on the engine's thread, in program order with them
+  (DDP's buckets and FSDP2's gathers overlap the computation). Without
+  ``MPI_THREAD_MULTIPLE`` asynchronous ones take the flat path, and ranks
+  must agree on ``async_op`` for those calls.
 * Called on the progress thread (inside a future's callback, e.g. PowerSGD's):
   the operation runs to completion there, so a callback that waits on it
   cannot block the thread that would complete it.
@@ -270,9 +272,12 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         non-blocking path, which the progress thread drives while the caller
         goes on (DDP's buckets overlap backward). The group's own engine may
         be the shared-memory one (one node, large arrays), whose calls
-        complete before they return: blocking calls take it.
+        complete before they return: blocking calls take it. On a group
+        spanning nodes, calls the hierarchical engine takes go to it, blocking
+        or not (asynchronous ones run on its thread, beside the caller).
         """
-        if t.is_cpu and (asynchronous or not self._blocking_in_engine(t.numel() * t.element_size())):
+        across = self._across_nodes(t)
+        if t.is_cpu and not across and (asynchronous or not self._blocking_in_engine(t.numel() * t.element_size())):
             eng = self._async_engine
             if eng is None:
                 from ..backends.mpi import MPIEngine  # imports MPI: not at import time
@@ -280,14 +285,16 @@ class HpcdistProcessGroup(dist.ProcessGroup):
                 eng = self._async_engine = MPIEngine(self._hpg, "cpu")
             buf = adapt(t, "tensor", True)
             return C.all_reduce_start(self._hpg, eng, buf, resolve_op(op, buf.dtype))
-        return C.all_reduce(t, op, group=self._hpg, async_op=asynchronous or not self._across_nodes(t))
+        return C.all_reduce(t, op, group=self._hpg, async_op=asynchronous or not across)
 
     def _across_nodes(self, t: Any) -> bool:
-        """Whether a blocking call on ``t`` runs as a blocking hpcdist call: where the group spans nodes and the
-        hierarchical engine takes ``t``'s size (its node steps serve blocking calls only).
+        """Whether a call on ``t`` goes to the hierarchical engine as it is (a blocking call as a blocking hpcdist
+        call): where the group spans nodes and that engine takes ``t``'s size.
 
-        Every other call starts non-blocking, so that ranks passing different ``async_op`` still meet; here every
-        rank must pass the same ``async_op`` (docs/torch.md), as for all-reduces in the shared-memory window.
+        Other blocking calls start non-blocking, so that ranks passing different ``async_op`` still meet. Here the
+        engine runs blocking calls and asynchronous ones (on its thread) the same way, so they meet too; without
+        ``MPI_THREAD_MULTIPLE`` (or with ``HPCDIST_HIER_ASYNC=0``) asynchronous ones take the flat path, and every
+        rank must pass the same ``async_op`` (docs/torch.md).
         """
         if not t.is_cpu:
             return False

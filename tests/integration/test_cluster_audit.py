@@ -72,12 +72,12 @@ def _lines(out: str, tag: str) -> dict[int, str]:
     return found
 
 
-# every rank but the laggard all-reduces ``x`` and says the limit its error names; all leave 15 s after the call
+# every rank but the laggard all-reduces ``x`` ({call}) and says the limit its error names; all leave 15 s after it
 _ALL_BUT = """
 t0 = time.monotonic()
 if RANK != {laggard}:
     try:
-        dist.all_reduce(x)
+        {call}
         say("RESULT none")
     except dist.DistError as e:
         import re
@@ -110,7 +110,7 @@ pg = dist.group.WORLD
 pg.set_timeout(timedelta(seconds=3))
 say("NODE_TIMEOUT", pg.engine("cpu")._topo.node_pg.timeout.total_seconds())
 """
-        + _ALL_BUT.format(laggard=1)
+        + _ALL_BUT.format(laggard=1, call="dist.all_reduce(x)")
     )
     r = run_mpi(3, script, tmp_path, env=_node_env("a,a,b"), limit=120)
     assert not r.timed_out, r.output
@@ -161,10 +161,13 @@ os._exit(0)
     assert stranded >= 1, "the timed-out request between the nodes was dropped, not kept: " + results[0]
 
 
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["blocking", "async"])
 @pytest.mark.parametrize("laggard", [1, 2])
-def test_a_rank_that_never_comes_gives_every_other_rank_a_timeout(tmp_path, laggard):
+def test_a_rank_that_never_comes_gives_every_other_rank_a_timeout(tmp_path, laggard, asynchronous):
     """GUARD: poll mode, 2+1 nodes, one rank (a non-leader of node a, or node b's only rank) never makes a large
-    hierarchical all_reduce: each of the others raises DistTimeoutError within a few seconds of the 2 s timeout."""
+    hierarchical all_reduce, blocking or asynchronous (its steps on the engine's thread): each of the others
+    raises DistTimeoutError naming the group's 2 s timeout."""
+    call = "dist.all_reduce(x, async_op=True).wait()" if asynchronous else "dist.all_reduce(x)"
     script = (
         PRELUDE
         + """
@@ -172,7 +175,7 @@ dist.init_process_group("mpi", timeout=timedelta(seconds=2))
 x = np.ones(1 << 18, np.float32)
 dist.all_reduce(x)
 """
-        + _ALL_BUT.format(laggard=laggard)
+        + _ALL_BUT.format(laggard=laggard, call=call)
     )
     r = run_mpi(3, script, tmp_path, env=_node_env("a,a,b"), limit=90)
     assert not r.timed_out, r.output
@@ -193,12 +196,12 @@ went = []                                            # per call of the engine: w
 use = eng._use
 def spy(sync, nbytes):
     topo = use(sync, nbytes)
-    went.append(topo is not None)
+    went.append((sync, topo is not None))
     return topo
 eng._use = spy
 n, big, m = 3, 1 << 20, 1 << 18                      # 4 MiB, and 1 MiB blocks: the threshold is 1 MiB
 def step(name, ok):
-    say("STEP", name, any(went), bool(ok))
+    say("STEP", name, any(h for _, h in went), any(h and not sync for sync, h in went), bool(ok))
     went.clear()
 t = torch.full((big,), float(RANK + 1))
 td.all_reduce(t)
@@ -219,28 +222,56 @@ step("async_all_reduce", torch.equal(t, torch.full((big,), 6.0)))
 b = torch.full((big,), 7.0 if RANK == 1 else -1.0)
 td.broadcast(b, src=1, async_op=True).wait()
 step("async_broadcast", torch.equal(b, torch.full((big,), 7.0)))
+t = torch.full((big,), float(RANK + 1))              # rank 0 asynchronous, the others blocking: they meet
+w = td.all_reduce(t, async_op=RANK == 0)
+if w is not None:
+    w.get_future().wait()                            # through the progress thread
+step("mixed_all_reduce", torch.equal(t, torch.full((big,), 6.0)))
 s = torch.full((m // 2,), float(RANK + 1))          # 512 KiB: below the threshold
 td.all_reduce(s)
 step("small_all_reduce", torch.equal(s, torch.full((m // 2,), 6.0)))
+
+# DDP: one 1 MiB+ gradient bucket per step, all-reduced on the engine's thread while backward goes on
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(512, 512)
+def data(r, i):
+    g = torch.Generator().manual_seed(100 * r + i)
+    return torch.randn(8, 512, generator=g)
+ddp = torch.nn.parallel.DistributedDataParallel(model())
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+ref = model()
+ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+for i in range(3):
+    opt.zero_grad()
+    (ddp(data(RANK, i)) ** 2).mean().backward()
+    opt.step()
+    ref_opt.zero_grad()
+    for r in range(n):                              # the mean of every rank's gradient, computed here alone
+        ((ref(data(r, i)) ** 2).mean() / n).backward()
+    ref_opt.step()
+ok = all(torch.allclose(p, q, rtol=1e-5, atol=1e-6) for p, q in zip(ddp.module.parameters(), ref.parameters()))
+step("ddp", ok)
 td.destroy_process_group()
 """
 
 
-def test_torch_front_door_blocking_calls_take_the_hierarchical_path(tmp_path):
-    """GUARD: through the torch backend, blocking all_reduce, broadcast, all_gather_into_tensor and
-    reduce_scatter_tensor of a group spanning nodes take the hierarchical path from ``HPCDIST_HIER_MIN_BYTES``;
-    asynchronous ones and smaller blocking ones keep the flat non-blocking MPI path. Every result against its known
-    value.
+def test_torch_front_door_calls_take_the_hierarchical_path(tmp_path):
+    """GUARD: through the torch backend, all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor of
+    a group spanning nodes take the hierarchical path from ``HPCDIST_HIER_MIN_BYTES``, blocking or asynchronous
+    (on the engine's thread), so ranks mixing ``async_op`` meet, and DDP's gradient buckets go hierarchical and
+    train as the mean of every rank's gradient computed on one rank; smaller calls keep the flat non-blocking MPI
+    path. Every result against its known value.
 
     Found by the audit of 2026-11-27 (a DEFECT then: the backend started every collective non-blocking, and the
-    hierarchical engine serves blocking calls only, so a blocking 4 MiB ``all_reduce`` never built the topology).
+    hierarchical engine served blocking calls only, so no call through the backend ever built the topology).
     The engine's ``_use`` is wrapped to record its answer (the engine and MPI run unchanged).
     """
     pytest.importorskip("torch")
     env = _node_env("a,a,b", HPCDIST_WAIT="block", HPCDIST_HIER="auto", HPCDIST_HIER_MIN_BYTES=str(1 << 20))
-    r = run_mpi(3, PRELUDE + TORCH_ACROSS_NODES, tmp_path, env=env, limit=120)
+    r = run_mpi(3, PRELUDE + TORCH_ACROSS_NODES, tmp_path, env=env, limit=180)
     assert not r.timed_out and r.returncode == 0, r.output
-    hierarchical = {"all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"}
+    flat = {"small_all_reduce"}
     for rank in range(3):
         steps = [line.split() for line in r.stdout.splitlines() if line.startswith(f"[{rank}] STEP ")]
         assert [s[2] for s in steps] == [
@@ -250,11 +281,15 @@ def test_torch_front_door_blocking_calls_take_the_hierarchical_path(tmp_path):
             "reduce_scatter_tensor",
             "async_all_reduce",
             "async_broadcast",
+            "mixed_all_reduce",
             "small_all_reduce",
+            "ddp",
         ], r.output
-        for _, _, name, went, ok in steps:
+        for _, _, name, went, went_async, ok in steps:
             assert ok == "True", f"rank {rank}: {name} gave a wrong result\n{r.output}"
-            assert went == str(name in hierarchical), f"rank {rank}: {name} hierarchical={went}\n{r.output}"
+            assert went == str(name not in flat), f"rank {rank}: {name} hierarchical={went}\n{r.output}"
+            if name in ("async_all_reduce", "async_broadcast", "ddp") or (name == "mixed_all_reduce" and rank == 0):
+                assert went_async == "True", f"rank {rank}: {name} not hierarchical on the engine's thread\n{r.output}"
 
 
 def test_a_rank_pinned_to_fewer_cpus_does_not_hide_oversubscription(tmp_path):
@@ -315,7 +350,8 @@ dist.init_process_group("mpi", init_method=sys.argv[1], timeout=timedelta(second
 rank, size = dist.get_rank(), dist.get_world_size()
 rep = {"rank": rank, "host": socket.gethostname(), "local_rank": int(os.environ["LOCAL_RANK"]),
        "local_world_size": int(os.environ["LOCAL_WORLD_SIZE"]), "node_local_rank": dist.get_node_local_rank(),
-       "engine": type(dist.group.WORLD.engine("cpu")).__name__, "bad": [], "digests": {}}
+       "engine": type(dist.group.WORLD.engine("cpu")).__name__, "bad": [], "digests": {},
+       "steps_thread": getattr(dist.group.WORLD.engine("cpu"), "_steps_thread", None) is not None}
 
 
 def data(r, n, dtype, salt):
@@ -359,12 +395,27 @@ def run_ops(g, tag):
                 check(f"{tag}/broadcast/{dtype}/{m}/{root}", bool(np.array_equal(x, data(root, m, dtype, 3 + root))), x)
             out = np.empty(n * m, dtype)
             dist.all_gather_into_tensor(out, data(gr, m, dtype, 10), group=g)
-            want = np.concatenate([data(q, m, dtype, 10) for q in range(n)])
+            want = want_ag = np.concatenate([data(q, m, dtype, 10) for q in range(n)])
             check(f"{tag}/all_gather_into_tensor/{dtype}/{m}", bool(np.array_equal(out, want)), out)
             out = np.empty(m, dtype)
             dist.reduce_scatter_tensor(out, data(gr, n * m, dtype, 11), group=g)
             want = sum(data(q, n * m, dtype, 11).astype(np.float64) for q in range(n))[gr * m:(gr + 1) * m]
             check(f"{tag}/reduce_scatter_tensor/{dtype}/{m}", close(out, want), out)
+            # the four at once, even group ranks asynchronous (the engine's thread), odd ones blocking: they meet
+            a, b, ag, rs = data(gr, m, dtype, 1), data(gr, m, dtype, 20), np.empty(n * m, dtype), np.empty(m, dtype)
+            asy = gr % 2 == 0
+            works = [dist.all_reduce(a, group=g, async_op=asy),
+                     dist.broadcast(b, group_src=n - 1, group=g, async_op=asy),
+                     dist.all_gather_into_tensor(ag, data(gr, m, dtype, 10), group=g, async_op=asy),
+                     dist.reduce_scatter_tensor(rs, data(gr, n * m, dtype, 11), group=g, async_op=asy)]
+            for w in reversed(works):
+                if w is not None:
+                    w.wait()
+            st = np.stack([data(q, m, dtype, 1).astype(np.float64) for q in range(n)])
+            check(f"{tag}/async/all_reduce/{dtype}/{m}", close(a, st.sum(0)), a)
+            check(f"{tag}/async/broadcast/{dtype}/{m}", bool(np.array_equal(b, data(n - 1, m, dtype, 20))), b)
+            check(f"{tag}/async/all_gather_into_tensor/{dtype}/{m}", bool(np.array_equal(ag, want_ag)), ag)
+            check(f"{tag}/async/reduce_scatter_tensor/{dtype}/{m}", close(rs, want), rs)
 
 
 if MODE == "ops":
@@ -444,6 +495,7 @@ def check_job(reports: list[dict], placement: list[str]) -> None:
         assert r["local_rank"] == same.index(r["rank"]) == r["node_local_rank"], r
         assert r["local_world_size"] == len(same), r
         assert r["engine"] == "HierarchicalEngine", r
+        assert r["steps_thread"], r  # MPI_THREAD_MULTIPLE: asynchronous calls run hierarchically on the thread
         assert not r["bad"], f"rank {r['rank']}: differs from NumPy: {r['bad'][:10]}"
     for key, value in reports[0]["digests"].items():
         if key.startswith("world/") and "/reduce_scatter_tensor/" not in key:  # the same array on every rank

@@ -240,3 +240,99 @@ def test_sizes_that_differ_across_nodes_are_caught_by_detail_mode(hier_groups, l
     y = values(me, BIG, "float64")
     dist.all_reduce(y, group=g)
     assert np.array_equal(y, sum(values(r, BIG, "float64") for r in range(n)))
+
+
+# -- asynchronous calls: the engine's thread --------------------------------------------------------------------------
+
+THREADED = MPI.Query_thread() == MPI.THREAD_MULTIPLE  # the harness starts MPI at MPI_THREAD_MULTIPLE
+
+
+def _started(work) -> str:
+    """Where an async_op=True call went: "thread" (its Work waits on the engine's thread), "flat" (MPI requests)."""
+    from hpcdist.backends.hierarchical import StepJob
+
+    reqs = work._reqs
+    return "thread" if len(reqs) == 1 and isinstance(reqs[0], StepJob) else "flat"
+
+
+def vals(rank: int, size: int, dtype: str, salt: int = 0) -> np.ndarray:
+    return values(rank, size, dtype, salt=salt).astype(dtype)
+
+
+@pytest.mark.parametrize(("layout", "algo"), CASES)
+@pytest.mark.parametrize("opname", ["SUM", "AVG", "MAX"])
+def test_async_calls_run_hierarchically_in_program_order(hier_groups, layout, algo, opname):
+    """Asynchronous all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor run their steps on the
+    engine's thread, several in flight at once and a blocking call among them, while ranks mix ``async_op``
+    (rank r passes it for the calls i with (i + r) odd): every result bitwise equal to the same call made
+    blocking by every rank (the second path), and to NumPy where exact; the same bytes on every rank (but the
+    reduce-scatter's blocks)."""
+    g = hier_groups[layout, algo]
+    n, me = dist.get_world_size(), dist.get_rank()
+    op = getattr(ReduceOp, opname)
+    size = 2400 * n + 1  # not divisible by the ranks per node: rails take the leaders' shape for all_reduce
+    stack = np.stack([vals(r, size, "float32", salt=3) for r in range(n)])
+
+    def calls(asyncs: list[bool]):
+        a = vals(me, size, "float32", salt=3)
+        b = vals(me, size, "float64", salt=4)
+        out = np.empty(n * 999, np.float32)
+        rs_in = vals(me, n * 999, "float64", salt=5)
+        rs = np.empty(999, np.float64)
+        c = vals(me, size, "float32", salt=6)
+        works = [
+            dist.all_reduce(a, op=op, group=g, async_op=asyncs[0]),
+            dist.broadcast(b, src=n - 1, group=g, async_op=asyncs[1]),
+            dist.all_gather_into_tensor(out, vals(me, 999, "float32", salt=7), group=g, async_op=asyncs[2]),
+            dist.reduce_scatter_tensor(rs, rs_in, op=op, group=g, async_op=asyncs[3]),
+            dist.all_reduce(c, group=g, async_op=asyncs[4]),
+        ]
+        return works, (a, b, out, rs, c)
+
+    mixed = [(i + me) % 2 == 1 for i in range(5)]
+    works, got = calls(mixed)
+    went = [_started(w) for w in works if w is not None]
+    assert went == ["thread" if THREADED else "flat"] * sum(mixed), went
+    for w in reversed(works):  # in any order
+        if w is not None:
+            w.wait()
+    _, want = calls([False] * 5)
+    for i, (x, y) in enumerate(zip(got, want, strict=True)):
+        assert x.tobytes() == y.tobytes(), i
+        if i != 3:  # reduce_scatter_tensor: each rank its own block
+            same_bytes_everywhere(g, x)
+    if opname != "AVG":
+        assert np.array_equal(got[0], cast(np.asarray(_ref(opname, stack, "float32", n)), "float32"))
+    assert np.array_equal(got[1], vals(n - 1, size, "float64", salt=4))
+    assert np.array_equal(got[2], np.concatenate([vals(r, 999, "float32", salt=7) for r in range(n)]))
+
+
+@pytest.mark.parametrize(("layout", "algo"), CASES[:1])
+def test_dropped_async_calls_finish_by_the_barrier_and_off_keeps_the_flat_path(hier_groups, layout, algo):
+    """An async hierarchical Work nobody waits on still fills its array by the group's barrier; with
+    ``HPCDIST_HIER_ASYNC=0`` asynchronous calls take the flat non-blocking MPI call (blocking ones still go
+    hierarchical)."""
+    g = hier_groups[layout, algo]
+    n, me = dist.get_world_size(), dist.get_rank()
+    x = vals(me, 5000, "float64")
+    dist.all_reduce(x, group=g, async_op=True)  # dropped at once
+    dist.barrier(group=g)
+    assert np.array_equal(x, sum(vals(r, 5000, "float64") for r in range(n)))
+    real = WORLD.node_of
+    try:
+        WORLD.node_of = list(LAYOUTS[n][layout])
+        with knobs_set({"HPCDIST_HIER": "1", "HPCDIST_HIER_ASYNC": "0", "HPCDIST_SHM": "1"}):
+            off = dist.new_group()
+            assert off.engine("cpu")._steps_thread is None
+    finally:
+        WORLD.node_of = real
+    try:
+        y = vals(me, 5000, "float64")
+        w = dist.all_reduce(y, group=off, async_op=True)
+        assert _started(w) == "flat" and off.engine("cpu")._topo is None  # no node step ran
+        w.wait()
+        assert np.array_equal(y, sum(vals(r, 5000, "float64") for r in range(n)))
+        dist.all_reduce(y, group=off)
+        assert off.engine("cpu")._topo is not None
+    finally:
+        dist.destroy_process_group(off)

@@ -92,6 +92,7 @@ def test_readme_knob_defaults_are_configs(clean_env):
         "HPCDIST_HIER": ("`auto` (default)", config._tristate("HPCDIST_HIER"), "auto"),
         "HPCDIST_HIER_MIN_BYTES": ("(512 KiB)", config.hierarchical_min_bytes(), 512 << 10),
         "HPCDIST_HIER_ALGO": ("`auto` (default)", config.hierarchical_algorithm(), "auto"),
+        "HPCDIST_HIER_ASYNC": ("`1` (default)", config.hierarchical_async(), True),
     }
     for knob, (wording, value, expected) in stated.items():
         assert wording in rows[knob], f"README row of {knob} no longer says {wording!r}: {rows[knob]!r}"
