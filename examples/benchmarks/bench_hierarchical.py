@@ -16,10 +16,15 @@ followed flat MPI's large transfers ran up to 20% slower); the table shows
 the best of ``--repeat`` such measurements and each hierarchical path's speed-up
 over the flat one. Every path's result is checked after the timing.
 
+``--async`` adds two cases to the same run: ``async_op=True`` followed by
+``wait()`` on the flat group (MPI's non-blocking call) and on the
+hierarchical one (its steps on the engine's thread), the shape of DDP's
+gradient buckets.
+
 Usage (as root; the cluster must be up):
     scripts/cluster-up 2
     python examples/benchmarks/bench_hierarchical.py [--sizes 4K,64K,1M,4M,16M,64M] [--repeat 5]
-        [--ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor]
+        [--ops all_reduce,all_gather_into_tensor,reduce_scatter_tensor] [--async]
     scripts/cluster-down
 """
 
@@ -46,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
 
 
-def _time_op(op: str, nbytes: int, repeat: int, comm, groups: dict) -> dict:
+def _time_op(op: str, nbytes: int, repeat: int, comm, groups: dict, asynchronous: bool = False) -> dict:
     """Best-of-``repeat`` times of ``op`` on ``nbytes`` (the whole array: all_reduce's, the gathered output,
     the scattered input) for raw mpi4py and each group, interleaved; checks each group's result."""
     import numpy as np
@@ -64,11 +69,14 @@ def _time_op(op: str, nbytes: int, repeat: int, comm, groups: dict) -> dict:
         "reduce_scatter_tensor": lambda: comm.Reduce_scatter_block([whole, MPI.FLOAT], [block, MPI.FLOAT], MPI.SUM),
     }[op]
     call = {
-        "all_reduce": lambda g: dist.all_reduce(whole, group=g),
-        "all_gather_into_tensor": lambda g: dist.all_gather_into_tensor(whole, block, group=g),
-        "reduce_scatter_tensor": lambda g: dist.reduce_scatter_tensor(block, whole, group=g),
+        "all_reduce": lambda g, a=False: dist.all_reduce(whole, group=g, async_op=a),
+        "all_gather_into_tensor": lambda g, a=False: dist.all_gather_into_tensor(whole, block, group=g, async_op=a),
+        "reduce_scatter_tensor": lambda g, a=False: dist.reduce_scatter_tensor(block, whole, group=g, async_op=a),
     }[op]
     cases = {"mpi4py": raw, **{name: (lambda g=g: call(g)) for name, g in groups.items()}}
+    if asynchronous:  # async_op=True, then wait(): flat MPI's non-blocking call, the hierarchical engine's thread
+        cases["flat_async"] = lambda: call(groups["flat"], True).wait()
+        cases["hier_async"] = lambda: call(groups["hier"], True).wait()
     iters = max(5, min(200, (64 << 20) // max(nbytes, 1) // 4))
     times: dict[str, list[float]] = {k: [] for k in cases}
     for fn in cases.values():  # warm up: engines, topology, connections
@@ -99,7 +107,7 @@ def _time_op(op: str, nbytes: int, repeat: int, comm, groups: dict) -> dict:
     return {"bytes": whole.nbytes, **{k: min(v) for k, v in times.items()}}
 
 
-def rank_main(sizes: list[int], repeat: int, ops: list[str]) -> None:
+def rank_main(sizes: list[int], repeat: int, ops: list[str], asynchronous: bool) -> None:
     import hpcdist as dist
 
     os.environ["HPCDIST_HIER"] = "1"
@@ -125,7 +133,8 @@ def rank_main(sizes: list[int], repeat: int, ops: list[str]) -> None:
     rows = []
     for op in ops:
         for nbytes in sizes:
-            rows.append({"op": op, **_time_op(op, nbytes, repeat, comm, {"flat": flat, "hier": hier, **algos})})
+            groups = {"flat": flat, "hier": hier, **algos}
+            rows.append({"op": op, **_time_op(op, nbytes, repeat, comm, groups, asynchronous)})
     dist.destroy_process_group()
     if int(os.environ["RANK"]) == 0:
         print("RESULT " + json.dumps(rows), flush=True)
@@ -177,6 +186,7 @@ def launch(args: argparse.Namespace) -> list[dict]:
             str(args.repeat),
             "--ops",
             args.ops,
+            *(["--async"] if args.asynchronous else []),
         ]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True))
     out = ""
@@ -205,6 +215,12 @@ def main() -> int:
     ap.add_argument("--per-node", type=int, default=2)
     ap.add_argument("--port", type=int, default=29600)
     ap.add_argument("--limit", type=float, default=600.0, help="seconds allowed for the whole run")
+    ap.add_argument(
+        "--async",
+        dest="asynchronous",
+        action="store_true",
+        help="also time async_op=True + wait() (flat, hierarchical)",
+    )
     ap.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     from hpcdist.bench import parse_sizes
@@ -215,7 +231,7 @@ def main() -> int:
     if bad:
         ap.error(f"--ops: {bad} not among {', '.join(OPS)}")
     if args.rank_main:
-        rank_main(sizes, args.repeat, ops)
+        rank_main(sizes, args.repeat, ops, args.asynchronous)
         return 0
     from hpcdist.bench import BUS, human_size
 
@@ -238,18 +254,24 @@ def main() -> int:
             f"# {n} ranks share {os.cpu_count()} CPUs: ranks run with "
             + " ".join(f"{k}={v}" for k, v in shared.items())
         )
+    extra = " | flat async (ms) | hier async (ms) | async speed-up" if args.asynchronous else ""
     print(
         "| op | size | mpi4py (ms) | hpcdist flat (ms) | hierarchical (ms) | rails (ms) | leaders (ms) "
-        "| flat busbw (GB/s) | hier busbw (GB/s) | speed-up | rails speed-up | leaders speed-up |"
+        f"| flat busbw (GB/s) | hier busbw (GB/s) | speed-up | rails speed-up | leaders speed-up{extra} |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---" * (15 if args.asynchronous else 12) + "|")
     for r in rows:
         bw = BUS[r["op"]](n) * r["bytes"] / 1e9  # nccl-tests' bus bandwidth, as hpcdist bench
+        cells = (
+            f" | {1e3 * r['flat_async']:.3f} | {1e3 * r['hier_async']:.3f} | {r['flat_async'] / r['hier_async']:.2f}x"
+            if args.asynchronous
+            else ""
+        )
         print(
             f"| {r['op']} | {human_size(r['bytes'])} | {1e3 * r['mpi4py']:.3f} | {1e3 * r['flat']:.3f} "
             f"| {1e3 * r['hier']:.3f} | {1e3 * r['rails']:.3f} | {1e3 * r['leaders']:.3f} | {bw / r['flat']:.2f} "
             f"| {bw / r['hier']:.2f} | {r['flat'] / r['hier']:.2f}x | {r['flat'] / r['rails']:.2f}x "
-            f"| {r['flat'] / r['leaders']:.2f}x |",
+            f"| {r['flat'] / r['leaders']:.2f}x{cells} |",
             flush=True,
         )
     return 0

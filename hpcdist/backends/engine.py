@@ -71,6 +71,12 @@ class Engine(ABC):
         """The name of the path ``op`` on ``nbytes`` bytes takes: :attr:`kind` unless the engine chooses per call."""
         return self.kind
 
+    def async_meets_blocking(self, desc: str, nbytes: int) -> bool:
+        """Whether an ``async_op=True`` call ``desc`` (the name DETAIL mode gives it) on an array of ``nbytes`` meets
+        a blocking one on another rank (the same MPI calls either way), so that DETAIL need not compare
+        ``async_op``. In block wait mode a blocking call is the blocking MPI routine: no, unless the engine knows."""
+        return False
+
     # -- collectives -----------------------------------------------------------------
 
     @abstractmethod

@@ -351,6 +351,17 @@ class HierarchicalEngine(MPIEngine):
     #: the collectives it runs in node steps; the others are MPIEngine's, lanes at every size included
     HIER_OPS = frozenset({"all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"})
 
+    #: DETAIL's names of those calls -> whether the array it describes is one rank's block of the array the engine
+    #: decides on (all_gather_into_tensor's input, reduce_scatter_tensor's output: a group size's worth smaller)
+    _DETAIL_BLOCK = {"all_reduce": False, "broadcast": False, "all_gather_into": True, "reduce_scatter_tensor": True}
+
+    def async_meets_blocking(self, desc: str, nbytes: int) -> bool:
+        """Calls that go hierarchical run the same steps blocking or not (asynchronous ones on the thread)."""
+        block = self._DETAIL_BLOCK.get(desc)
+        if block is None or self._steps_thread is None or self.min_bytes is None:
+            return False
+        return nbytes * (self.pg._size if block else 1) >= self.min_bytes
+
     def lane_below(self, op: str) -> float:
         if self.min_bytes is None or op not in self.HIER_OPS:
             return float("inf")

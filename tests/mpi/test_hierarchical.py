@@ -336,3 +336,36 @@ def test_dropped_async_calls_finish_by_the_barrier_and_off_keeps_the_flat_path(h
         assert off.engine("cpu")._topo is not None
     finally:
         dist.destroy_process_group(off)
+
+
+@pytest.mark.parametrize(("layout", "algo"), CASES[:1])
+def test_detail_mode_lets_ranks_mix_async_op_where_the_steps_are_the_same(hier_groups, layout, algo):
+    """DETAIL mode compares ``async_op`` only where it changes the MPI calls (block wait mode, flat path): ranks
+    mixing it for the four hierarchical collectives pass its check and get the right results."""
+    from hpcdist.debug import DebugLevel, get_debug_level, set_debug_level
+
+    g = hier_groups[layout, algo]
+    n, me = dist.get_world_size(), dist.get_rank()
+    mine = me % 2 == 0
+    before = get_debug_level()
+    set_debug_level(DebugLevel.DETAIL)
+    try:
+        x = vals(me, 3000, "float64")
+        b = vals(me, 3000, "float64", salt=1)
+        out = np.empty(n * 100, np.float64)
+        rs = np.empty(100, np.float64)
+        works = [
+            dist.all_reduce(x, group=g, async_op=mine),
+            dist.broadcast(b, src=0, group=g, async_op=not mine),
+            dist.all_gather_into_tensor(out, vals(me, 100, "float64", salt=2), group=g, async_op=mine),
+            dist.reduce_scatter_tensor(rs, vals(me, n * 100, "float64", salt=3), group=g, async_op=not mine),
+        ]
+        for w in works:
+            if w is not None:
+                w.wait()
+    finally:
+        set_debug_level(before)
+    assert np.array_equal(x, sum(vals(r, 3000, "float64") for r in range(n)))
+    assert np.array_equal(b, vals(0, 3000, "float64", salt=1))
+    assert np.array_equal(out, np.concatenate([vals(r, 100, "float64", salt=2) for r in range(n)]))
+    assert np.array_equal(rs, sum(vals(r, n * 100, "float64", salt=3) for r in range(n))[me * 100 : (me + 1) * 100])
