@@ -73,8 +73,9 @@ def wait_requests(reqs: Sequence[Any], timeout_s: float, status: Any = None) -> 
 
     if test():
         return True
-    if len(reqs) == 1 and type(reqs[0]) in BLOCKING_REQUESTS:  # a request-like object that can wait without spinning
-        return bool(reqs[0].block(timeout_s))
+    if all(type(r) in BLOCKING_REQUESTS for r in reqs):  # request-like objects that can wait without spinning
+        deadline = _monotonic() + timeout_s
+        return all(r.block(max(deadline - _monotonic(), 0.0)) for r in reqs)
     start = _monotonic()
     deadline = start + timeout_s
     n = 0
@@ -97,7 +98,7 @@ def wait_requests(reqs: Sequence[Any], timeout_s: float, status: Any = None) -> 
 
 
 #: request-like classes whose ``block(timeout_s) -> bool`` waits for completion without spinning (the hierarchical
-#: engine's StepJob, registered by it): :func:`wait_requests` uses it for a single such request
+#: engine's StepJob, registered by it): :func:`wait_requests` uses it when every request is one
 BLOCKING_REQUESTS: set[type] = set()
 
 

@@ -75,14 +75,16 @@ def test_a_work_waits_for_its_call_and_raises_its_error():
     t.close()
 
 
-def test_wait_blocks_on_the_call_without_spinning():
-    """A waiter on a call in progress sleeps on its event: the interpreter stays free for the thread (measured as
-    the waiter's CPU time while the call takes 0.3 s of wall time)."""
+@pytest.mark.parametrize("calls", [1, 2])
+def test_wait_blocks_on_the_call_without_spinning(calls):
+    """A waiter on calls in progress (one, or two as a combined Work has) sleeps on their events: the interpreter
+    stays free for the thread (measured as the waiter's CPU time while the calls take 0.3 s of wall time)."""
     t = StepThread("test-steps")
-    job = StepJob(lambda: time.sleep(0.3))
-    t.submit(job)
+    jobs = [StepJob(lambda: time.sleep(0.3 / calls)) for _ in range(calls)]
+    for job in jobs:
+        t.submit(job)
     cpu = time.thread_time()
-    assert wait_requests([job], 10.0)
+    assert wait_requests(jobs, 10.0)
     assert time.thread_time() - cpu < 0.1  # spinning for 0.3 s would use about 0.3 s of this thread's CPU
     t.close()
 
