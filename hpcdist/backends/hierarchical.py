@@ -83,6 +83,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
@@ -97,7 +98,7 @@ from ..buffers.packing import displacements as _displs
 from ..buffers.reduction import finish_reduce, prepare
 from ..ops import ResolvedOp
 from ..topology import node_of_ranks
-from ..work import BLOCKING_REQUESTS, Work, completed_work, mpi_failure, strand, timeout_error, wait_requests
+from ..work import BLOCKING_REQUESTS, Work, mpi_failure, strand, timeout_error, wait_requests
 from .mpi.engine import MPIEngine, _mpi_op
 
 __all__ = ["HierarchicalEngine", "NodeTopology", "spans_nodes"]
@@ -392,13 +393,11 @@ class HierarchicalEngine(MPIEngine):
         blocking, on this thread after every asynchronous call before it; else on the engine's thread, returning
         the Work of that."""
         thread = self._steps_thread
-        if thread is None:
-            steps()
-            return None if sync else completed_work((name, self.pg), result)
         if sync:
-            with thread.turn():
+            with nullcontext() if thread is None else thread.turn():
                 steps()
             return None
+        assert thread is not None  # _use sends asynchronous calls here only with the thread
         job = StepJob(steps)
         thread.submit(job)
         return Work([job], None, keep, self.pg._timeout_s, (name, self.pg), result)
