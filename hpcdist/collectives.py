@@ -85,28 +85,31 @@ def _engine(
     """
     fr = pg._flight
     entry = None if fr is None else fr.coll(desc, buf.dtype, buf.arr.size if count is None else count, root)
-    eng = pg.engine(buf.device)
     if DETAIL[0] and check:
         parts = [str(buf.dtype)]
         if root >= 0:
             parts.append(f"root {root}")
         if sized:
             parts.append(f"shape {tuple(buf.shape)}")
-        check_collective(pg, f"{desc}({', '.join(parts)}){_async_part(pg, async_op, eng, desc, buf)}")
-    return eng, entry
+        check_collective(pg, f"{desc}({', '.join(parts)}){_async_part(pg, async_op, desc, buf)}")
+    return pg.engine(buf.device), entry
 
 
-def _async_part(pg: ProcessGroup, async_op: bool | None, eng: Any = None, desc: str = "", buf: Any = None) -> str:
+def _async_part(pg: ProcessGroup, async_op: bool | None, desc: str = "", buf: Any = None) -> str:
     """``" with async_op=True"`` for a DETAIL check of an async call in block wait mode, else ``""``.
 
     In ``HPCDIST_WAIT=block`` a blocking call is the blocking MPI routine and
     an ``async_op=True`` one the non-blocking routine, and MPI does not match
     the two: ranks that disagree hang until the timeout (docs/sharp-bits.md).
-    Not where the engine runs ``desc`` on ``buf`` the same way either way
-    (:meth:`~hpcdist.backends.engine.Engine.async_meets_blocking`).
+    Not where the group's engine for ``buf``'s device runs ``desc`` on
+    ``buf`` the same way either way
+    (:meth:`~hpcdist.backends.engine.Engine.async_meets_blocking`); only an
+    engine that exists is asked (making one may be collective, and the
+    check comes first), so on a device's first call the rule stands.
     """
     if not (async_op and pg._block):
         return ""
+    eng = pg._engines.get(buf.device) if buf is not None else None
     if eng is not None and eng.async_meets_blocking(desc, buf.arr.nbytes):
         return ""
     return " with async_op=True"
@@ -282,11 +285,10 @@ def _all_reduce_entry(pg: ProcessGroup, buf: Buf, rop: Any, async_op: bool) -> l
     fr = pg._flight
     entry = None if fr is None else fr.coll("all_reduce", buf.dtype, buf.arr.size, -1)
     if DETAIL[0]:
-        eng = pg.engine(buf.device)
         check_collective(
             pg,
             f"all_reduce({buf.dtype}, {rop.kind.name}, shape {tuple(buf.shape)})"
-            f"{_async_part(pg, async_op, eng, 'all_reduce', buf)}",
+            f"{_async_part(pg, async_op, 'all_reduce', buf)}",
         )
     return entry
 
