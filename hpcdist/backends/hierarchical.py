@@ -82,9 +82,10 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from functools import partial
+from time import monotonic as _monotonic
 from typing import Any
 
 import numpy as np
@@ -243,14 +244,20 @@ BLOCKING_REQUESTS.add(StepJob)
 
 class StepThread:
     """One daemon thread running the steps of an engine's asynchronous calls, one call at a time, in hand-over
-    order; a blocking call takes its :meth:`turn` after them. Every step is bounded by the group's timeout, so a
-    turn is too."""
+    order; a blocking call takes its :meth:`turn` after them.
+
+    Every step of a call is bounded by the group's timeout, so a call by
+    ``limit_s`` (the engine passes :data:`CALL_STEPS` times the timeout); a
+    turn or :meth:`close` waits while calls keep finishing, and gives up once
+    none finished for ``limit_s``.
+    """
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._cv = threading.Condition()
         self._queue: collections.deque[StepJob | None] = collections.deque()
         self._busy = False
+        self._finished = 0  # calls run so far: a wait's progress
         self._thread: threading.Thread | None = None
 
     def submit(self, job: StepJob) -> None:
@@ -276,47 +283,58 @@ class StepThread:
             finally:
                 with cv:
                     self._busy = False
+                    self._finished += 1
                     cv.notify_all()
 
-    def turn(self) -> _Turn:
-        """``with thread.turn():`` the calling thread runs steps once every handed-over call has finished."""
-        return _Turn(self)
+    def _idle_within(self, limit_s: float) -> bool:
+        """With the lock held: wait until no call is queued or running; False once none finished for ``limit_s``."""
+        deadline, seen = _monotonic() + limit_s, self._finished
+        while self._queue or self._busy:
+            left = deadline - _monotonic()
+            if left <= 0:
+                return False
+            self._cv.wait(left)
+            if self._finished != seen:
+                deadline, seen = _monotonic() + limit_s, self._finished
+        return True
+
+    @contextmanager
+    def turn(self, limit_s: float, what: Any) -> Iterator[None]:
+        """``with thread.turn(limit, what):`` the calling thread runs steps once every handed-over call has finished;
+        :class:`~hpcdist.errors.DistTimeoutError` naming ``what`` when they stop finishing (:meth:`_idle_within`)."""
+        with self._cv:
+            if not self._idle_within(limit_s):  # the thread's call is its own to finish or time out
+                raise timeout_error(what, limit_s, cancelled=True)
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
 
     def idle(self) -> bool:
         with self._cv:
             return not self._queue and not self._busy
 
-    def close(self) -> None:
-        """After every handed-over call: end the thread (joined, so a later submit starts a fresh one)."""
+    def close(self, limit_s: float) -> bool:
+        """After every handed-over call: end the thread (joined, so a later submit starts a fresh one). False, and
+        the thread left running, when its calls stopped finishing (:meth:`_idle_within`)."""
         with self._cv:
-            while self._queue or self._busy:
-                self._cv.wait()
+            if not self._idle_within(limit_s):
+                return False
             thread, self._thread = self._thread, None
             if thread is not None:
                 self._queue.append(None)
                 self._cv.notify_all()
         if thread is not None:
             thread.join()
+        return True
 
 
-class _Turn:
-    __slots__ = ("_t",)
-
-    def __init__(self, t: StepThread) -> None:
-        self._t = t
-
-    def __enter__(self) -> None:
-        t = self._t
-        with t._cv:
-            while t._queue or t._busy:
-                t._cv.wait()
-            t._busy = True
-
-    def __exit__(self, *exc: object) -> None:
-        t = self._t
-        with t._cv:
-            t._busy = False
-            t._cv.notify_all()
+#: the most steps one hierarchical call waits on (all_reduce: the node step, the two between the nodes, the node step
+#: back), each within the group's timeout
+CALL_STEPS = 4
 
 
 def _split(count: int, parts: int) -> list[int]:
@@ -382,11 +400,16 @@ class HierarchicalEngine(MPIEngine):
         return topo
 
     def close(self) -> None:
-        if self._steps_thread is not None:  # its calls finish first: they use the communicators freed below
-            self._steps_thread.close()
+        thread = self._steps_thread  # its calls finish first: they use the communicators freed below
+        if thread is not None and not thread.close(self._call_limit()):
+            return  # a call still runs on them (stuck past its own timeouts): they are kept for good
         if self._topo is not None:
             self._topo.close()
             self._topo = None
+
+    def _call_limit(self) -> float:
+        """The longest one call's steps may take: each is bounded by the group's timeout."""
+        return CALL_STEPS * self.pg._timeout_s
 
     def _steps(self, sync: bool, name: str, steps: Callable[[], None], keep: Any, result: Any) -> Work | None:
         """Run ``steps`` (the node and between-node steps of one call) in program order among this engine's calls:
@@ -394,7 +417,7 @@ class HierarchicalEngine(MPIEngine):
         the Work of that."""
         thread = self._steps_thread
         if sync:
-            with nullcontext() if thread is None else thread.turn():
+            with nullcontext() if thread is None else thread.turn(self._call_limit(), (name, self.pg)):
                 steps()
             return None
         assert thread is not None  # _use sends asynchronous calls here only with the thread

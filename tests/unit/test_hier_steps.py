@@ -43,12 +43,12 @@ def test_calls_run_one_at_a_time_in_hand_over_order_and_a_turn_comes_after_them(
     jobs = [StepJob(step("a", 0.2)), StepJob(step("b", 0.0)), StepJob(step("c", 0.05))]
     for j in jobs:
         t.submit(j)
-    with t.turn():
+    with t.turn(10.0, "all_reduce"):
         log.append("blocking")
     assert log == ["a", "b", "c", "blocking"]
     assert all(j.Test() for j in jobs)
     assert t.idle()
-    t.close()
+    t.close(10.0)
 
 
 def test_a_work_waits_for_its_call_and_raises_its_error():
@@ -72,7 +72,7 @@ def test_a_work_waits_for_its_call_and_raises_its_error():
     assert isinstance(w_boom.exception(), RuntimeError)
     w_after.wait()
     assert out == [1, 2]
-    t.close()
+    t.close(10.0)
 
 
 @pytest.mark.parametrize("calls", [1, 2])
@@ -86,7 +86,7 @@ def test_wait_blocks_on_the_call_without_spinning(calls):
     cpu = time.thread_time()
     assert wait_requests(jobs, 10.0)
     assert time.thread_time() - cpu < 0.1  # spinning for 0.3 s would use about 0.3 s of this thread's CPU
-    t.close()
+    t.close(10.0)
 
 
 def test_a_dropped_work_is_finished_by_the_orphans_and_close_joins_the_thread():
@@ -99,7 +99,7 @@ def test_a_dropped_work_is_finished_by_the_orphans_and_close_joins_the_thread():
     t.submit(job)
     _work(job)  # dropped at once: __del__ hands it to the orphans
     gate.set()
-    t.close()
+    t.close(10.0)
     assert done == ["dropped"]
     reap_orphans()
     assert not any(th.name == "test-steps" for th in threading.enumerate())
@@ -107,4 +107,24 @@ def test_a_dropped_work_is_finished_by_the_orphans_and_close_joins_the_thread():
     t.submit(again)
     _work(again).wait()
     assert done == ["dropped", "again"]
-    t.close()
+    t.close(10.0)
+
+
+def test_a_turn_and_close_give_up_once_calls_stop_finishing():
+    """A blocking call behind a handed-over call that runs past the limit gets DistTimeoutError naming itself (the
+    thread's call goes on); ``close`` returns False and leaves the thread; calls that keep finishing, each within
+    the limit, are waited for however long they take together."""
+    from hpcdist.errors import DistTimeoutError
+
+    t = StepThread("test-steps")
+    gate = threading.Event()
+    t.submit(StepJob(lambda: gate.wait(5)))
+    with pytest.raises(DistTimeoutError, match="all_reduce"), t.turn(0.2, "all_reduce"):
+        pass
+    assert t.close(0.2) is False and not t.idle()
+    gate.set()
+    for _ in range(4):  # 4 x 0.1 s in a row: longer than the limit together, each within it
+        t.submit(StepJob(lambda: time.sleep(0.1)))
+    with t.turn(0.3, "all_reduce"):
+        assert t.idle() is False  # this turn holds the thread's slot
+    assert t.close(0.3) is True
