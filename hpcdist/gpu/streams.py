@@ -15,7 +15,9 @@ from typing import Any
 from ..buffers.adapters import Buf, is_torch
 from .device import bound_device_index
 
-__all__ = ["check_devices", "require_cupy", "stream_for", "streams_of", "synchronize"]
+__all__ = ["check_devices", "require_cupy", "stream_for", "streams_of", "synchronize", "thread_local_capture_mode"]
+
+_CAPTURE_MODE_THREAD_LOCAL = 1  # CUstreamCaptureMode: GLOBAL 0, THREAD_LOCAL 1, RELAXED 2
 
 
 def require_cupy(what: str = "device arrays") -> Any:
@@ -50,6 +52,27 @@ def capturing(stream: Any) -> bool:
         return False
     except Exception:
         return True
+
+
+def thread_local_capture_mode() -> bool:
+    """Put the calling thread in CUDA's thread-local stream-capture mode; whether it worked.
+
+    In the default global mode, a potentially unsafe CUDA call (an event
+    query, say) made by *any* thread while another thread captures a graph in
+    global mode (``torch.cuda.graph``'s default) invalidates that capture. A
+    thread in thread-local mode is held to that only for its own captures, so
+    a background thread that queries events (the NCCL watchdog) calls this
+    once when it starts. The mode is the CUDA driver's, per thread, whichever
+    runtime (CuPy's, torch's) makes the calls.
+    """
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+        mode = ctypes.c_int(_CAPTURE_MODE_THREAD_LOCAL)
+        return int(driver.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))) == 0
+    except (OSError, AttributeError):  # no driver library, or one older than CUDA 10.1
+        return False
 
 
 def streams_of(bufs: Iterable[Buf]) -> list[Any]:

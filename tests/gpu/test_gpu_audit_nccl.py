@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -78,6 +79,7 @@ def test_bucketed_work_over_host_and_device_arrays_synchronizes_with_the_gpu(ncc
     still queued. torch: Work.synchronize() blocks the host until the device work completed."""
     h = np.ones(1000, dtype=np.float32)
     d = cp.ones(1000, dtype=cp.float32)
+    dist.all_reduce(cp.zeros(1, dtype=cp.float32))  # the communicator exists: its setup would wait for the spin
     cp.cuda.Device().synchronize()
     spin(0.5)
     w = dist.all_reduce_bucketed([h, d], async_op=True)
@@ -167,20 +169,15 @@ def test_batch_isend_irecv_with_this_rank_as_peer(nccl):
     assert _np(b).tolist() == _np(a).tolist()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known (docs/gpu.md): a dropped NCCL Work lets go of its arrays at once; a stash released by event "
-    "queries crashed the process once on the H100 (2026-11-27) and queried events during graph capture, so it was "
-    "taken out; keep the Work (or the arrays) until wait()/synchronize()",
-)
 def test_dropped_async_work_keeps_the_arrays_alive_until_the_gpu_is_done(nccl):
-    """SUSPECT (medium confidence): DESIGN: a Work 'keeps buffers alive until it completes'; torch's
+    """FIXED (failed on the H100 before): DESIGN: a Work 'keeps buffers alive until it completes'; torch's
     ProcessGroupNCCL keeps a dropped Work's tensors (recordStream / stashed tensors held by its watchdog) until
     the GPU finished. A CudaEventWork holds its arrays only in _keep/_result (backends/nccl/work.py:41,
     engine.py:264-266) and nothing else does (the watchdog keeps just an event): dropping the Work of an
     operation queued on a side stream frees the array at once. CuPy's pool returns the block to the arena of
     the stream it was allocated on (the default stream here), hands it to the next allocation there, and the
-    queued PREMUL_SUM scaling then writes into that new array."""
+    queued PREMUL_SUM scaling then writes into that new array. Now a dropped Work hands its arrays to
+    backends/nccl/work.py's _DROPPED until its event completed."""
     side = cp.cuda.Stream(non_blocking=True)
     count = 3_000_011  # an odd size: the freed block is the only one of its bin in the pool
     x = cp.ones(count, dtype=cp.float32)  # allocated on the default stream
@@ -198,6 +195,88 @@ def test_dropped_async_work_keeps_the_arrays_alive_until_the_gpu_is_done(nccl):
     assert lo == hi == 5.0, (
         f"a new array was overwritten by a dropped operation (its memory was reused: {reused}); min {lo} max {hi}"
     )
+
+
+def test_blocking_call_on_a_side_stream_keeps_the_arrays_alive_until_the_gpu_is_done(nccl):
+    """The blocking form of the test above: async_op=False returns once the operation is enqueued on the side
+    stream, the caller frees the array (allocated on the default stream) and a new array there must not get its
+    memory while the queued operation still writes it (torch's ProcessGroupNCCL records the stream / stashes
+    the tensors for blocking calls too)."""
+    side = cp.cuda.Stream(non_blocking=True)
+    count = 3_000_017
+    x = cp.ones(count, dtype=cp.float32)
+    cp.cuda.Device().synchronize()
+    with side:
+        spin(0.5)
+        dist.all_reduce(x, op=PREMUL(3.0))
+    del x
+    y = cp.full(count, 5.0, dtype=cp.float32)
+    side.synchronize()
+    cp.cuda.Device().synchronize()
+    lo, hi = float(y.min()), float(y.max())
+    assert lo == hi == 5.0, f"a new array was overwritten by a blocking operation on a side stream; min {lo} max {hi}"
+
+
+def _capture_while_another_thread_queries_an_event(local: bool) -> str | None:
+    """Capture a graph in global mode on this thread while another thread (in thread-local capture mode when
+    ``local``) queries an event recorded before the capture; None if the capture held and replays correctly,
+    else the capture's error."""
+    from hpcdist.gpu.streams import thread_local_capture_mode
+
+    s = cp.cuda.Stream(non_blocking=True)
+    x = cp.zeros(16, dtype=cp.float32)
+    with s:
+        x += 1.0  # the kernel is compiled and loaded before the capture
+    ev = s.record()
+    s.synchronize()
+    go, asked = threading.Event(), threading.Event()
+    seen: list[object] = []
+
+    def other() -> None:
+        if local:
+            seen.append(thread_local_capture_mode())
+        go.wait(30)
+        try:
+            seen.append(ev.done)
+        except Exception as exc:
+            seen.append(exc)
+        asked.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    s.begin_capture(mode=getattr(cp.cuda.runtime, "streamCaptureModeGlobal", 0))
+    with s:
+        x += 1.0
+    go.set()
+    asked.wait(30)
+    try:
+        graph = s.end_capture()
+    except Exception as exc:
+        t.join(30)
+        return f"{type(exc).__name__}: {exc} (the other thread saw {seen!r})"
+    t.join(30)
+    if local:
+        assert seen[0] is True, "cuThreadExchangeStreamCaptureMode failed on this machine"
+    assert seen[-1] is True, seen  # the query itself answered: the event completed before the capture
+    graph.launch(s)
+    s.synchronize()
+    assert float(x[0]) == 2.0  # once before the capture, once by the replay (the capture itself runs nothing)
+    return None
+
+
+def test_an_event_query_in_thread_local_mode_leaves_another_threads_global_capture_intact(nccl):
+    """The mechanism of the watchdog's fix: a thread in thread-local capture mode (what the watchdog's thread
+    asks for when it starts) may query events while another thread captures in global mode (torch.cuda.graph's
+    default); the same query from a thread in the default global mode invalidates the capture (the control,
+    which shows this test can tell)."""
+    control = _capture_while_another_thread_queries_an_event(local=False)
+    assert control is not None, "the control's capture held: a global-mode query no longer invalidates captures"
+    assert _capture_while_another_thread_queries_an_event(local=True) is None
+    x = cp.ones(8, dtype=cp.float32)
+    dist.all_reduce(x)  # starts the watchdog's thread if no earlier test did
+    wd = dist.group.WORLD.engine("cuda")._watch
+    if wd is not None:
+        assert wd._thread is not None and wd._thread.is_alive() and wd.stopped is None
 
 
 def test_arrays_of_two_libraries_are_ordered_after_each_librarys_current_stream(nccl):
@@ -273,13 +352,10 @@ def _run_child(tmp_path, source: str, limit: float = 90.0, **env_extra: str) -> 
     return res.returncode, res.output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known (docs/gpu.md): the NCCL watchdog's thread queries events while torch.cuda.graph captures in its "
-    "default global mode, which invalidates the capture; capture with HPCDIST_NCCL_WATCHDOG=0 (this test checks it)",
-)
 def test_cuda_graph_capture_of_an_nccl_collective_with_the_watchdog_on(nccl, tmp_path):
-    """SUSPECT (medium confidence): torch supports capturing NCCL collectives in a CUDA graph (its watchdog
+    """FIXED (failed on the H100 before; the watchdog's thread now runs in thread-local capture mode and stops
+    with a warning, its guard disarmed, should a look fail): torch supports capturing NCCL collectives in a CUDA
+    graph (its watchdog
     coordinates its event queries with capture: CUDAGraph::inc_pending_event_queries). Here the collective's
     watchdog note records an event on the capturing stream (watchdog.py:146-161), and the watchdog thread
     queries events every 0.1 s (watchdog.py:187, ``ev.done`` = cudaEventQuery) with no regard to capture:

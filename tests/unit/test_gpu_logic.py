@@ -482,6 +482,53 @@ def _event_work(event, result):
     return Work(event, ("kept",), 5.0, "all_reduce", result, 0, False), stream
 
 
+def test_dropped_event_work_keeps_its_arrays_until_its_event_completed():
+    """A dropped NCCL Work hands its arrays over until the GPU is done with them (torch stashes them likewise);
+    release_dropped() lets go of them oldest first, and nothing is kept for a captured operation."""
+    import gc
+    import weakref
+
+    from hpcdist.backends.nccl import work as nccl_work
+    from hpcdist.backends.nccl.work import CudaEventWork, release_dropped
+
+    class Arr:
+        pass
+
+    nccl_work._DROPPED.clear()
+    ev1, ev2, ev3 = _Event(), _Event(), _Event()
+    a1, a2, a3 = Arr(), Arr(), Arr()
+    refs = [weakref.ref(a) for a in (a1, a2, a3)]
+    CudaEventWork(ev1, (a1,), 5.0, "all_reduce", a1, 0, False)  # dropped at once
+    CudaEventWork(ev2, (a2,), 5.0, "broadcast", a2, 0, False)
+    CudaEventWork(ev3, (a3,), 5.0, "all_reduce", a3, 0, False, captured=True)  # runs at each replay: not kept
+    del a1, a2, a3
+    gc.collect()
+    assert [r() is not None for r in refs] == [True, True, False]
+    ev2.done = True
+    release_dropped()  # the oldest (ev1) is still running: nothing is let go, in order
+    gc.collect()
+    assert [r() is not None for r in refs] == [True, True, False]
+    ev1.done = True
+    release_dropped()
+    gc.collect()
+    assert [r() is not None for r in refs] == [False, False, False] and not nccl_work._DROPPED
+
+
+def test_event_work_seen_complete_keeps_nothing_once_dropped():
+    from hpcdist.backends.nccl import work as nccl_work
+
+    nccl_work._DROPPED.clear()
+    work, _ = _event_work(_Event(done=True), np.zeros(2))
+    assert work.is_completed()
+    del work
+    assert not nccl_work._DROPPED
+    waited, _ = _event_work(_Event(done=False), np.zeros(2))
+    waited.wait()  # ordered the current stream; the GPU may still run it
+    del waited
+    assert len(nccl_work._DROPPED) == 1
+    nccl_work._DROPPED.clear()
+
+
 def test_event_work_future_holds_the_list_of_outputs():
     out = np.zeros(3)
     work, stream = _event_work(_Event(), out)
@@ -716,6 +763,44 @@ def test_nccl_watchdog_tracks_the_oldest_pending_deadline_for_its_guard():
     assert wd.check() is None and wd.oldest == (110.0, "first", 10.0)
     a.finished = 1
     assert wd.check() is None and wd.oldest is None
+
+
+def test_nccl_watchdog_thread_stops_with_a_warning_and_disarms_its_guard_when_a_look_fails(capsys):
+    """An event that cannot be asked (a CUDA error) stops the thread with one line on stderr; its guard is
+    disarmed and closed, so no stale deadline ends the process later; on_start runs on the thread first."""
+    import threading
+
+    from hpcdist.backends.nccl.watchdog import NcclWatchdog
+
+    class Broken:
+        def record(self, stream):
+            pass
+
+        @property
+        def done(self):
+            raise RuntimeError("cudaErrorStreamCaptureImplicit")
+
+    class FakeGuard:
+        def __init__(self):
+            self.armed, self.closed = ["start"], False
+
+        def arm(self, deadline, report=""):
+            self.armed.append(deadline)
+
+        def close(self):
+            self.closed = True
+
+    started = []
+    guard = FakeGuard()
+    wd = NcclWatchdog(Broken, poll_s=0.01, on_start=lambda: started.append(threading.current_thread().name))
+    wd._new_guard = lambda: guard
+    wd.note(_WStream(5), "all_reduce", 60.0, _Engine())
+    wd._thread.join(timeout=30)
+    assert not wd._thread.is_alive()
+    assert started == ["hpcdist-nccl-watchdog"]
+    assert isinstance(wd.stopped, RuntimeError) and guard.armed[-1] is None and guard.closed
+    err = capsys.readouterr().err
+    assert "the NCCL watchdog stopped" in err and "cudaErrorStreamCaptureImplicit" in err
 
 
 def test_guard_process_ends_its_target_with_the_report_once_the_deadline_passes(tmp_path):

@@ -39,7 +39,7 @@ from ...work import Work, wait_requests
 from ..engine import Engine
 from .types import NCCL_BYTE, NcclReduction, nccl_reduction
 from .watchdog import nccl_watchdog
-from .work import CudaEventWork
+from .work import _DROPPED, CudaEventWork, release_dropped
 
 __all__ = ["NCCLEngine", "available"]
 
@@ -205,6 +205,8 @@ class NCCLEngine(Engine):
     def close(self) -> None:
         if self._watch is not None:
             self._watch.forget(self)
+        if _DROPPED:
+            release_dropped()
         comm, self._comm = self._comm, None
         if comm is not None:
             comm.destroy()
@@ -260,18 +262,29 @@ class NCCLEngine(Engine):
         A blocking call (``async_op=False``) needs no Work: torch's
         ``work.wait()`` would make the current stream, which is ``stream``,
         wait for itself. Temporaries die on the host at once, which is safe:
-        CuPy's pool reuses their memory only in order on ``stream``. Every
-        operation is noted to the NCCL watchdog (unless it is off).
+        CuPy's pool reuses their memory only in order on ``stream``. The
+        caller's arrays may have come from another stream's pool, though, so
+        on a side stream (not the default one) a blocking call keeps them in
+        :data:`~hpcdist.backends.nccl.work._DROPPED` until the operation
+        completed, as a dropped Work does. Every operation is noted to the
+        NCCL watchdog (unless it is off).
         """
-        if self._watch is not None and not capturing(stream):  # a captured operation runs at each replay, unwatched
-            self._watch.note(stream, (name, self.pg), self.pg._timeout_s, self)
-        if sync:
+        captured = capturing(stream)  # a captured operation runs at each replay: unwatched, its event never asked
+        if not captured:
+            if self._watch is not None:
+                self._watch.note(stream, (name, self.pg), self.pg._timeout_s, self)
+            if _DROPPED:
+                release_dropped()
+        if sync and (captured or not stream.ptr):
             return None
         cupy = require_cupy()
         event = cupy.cuda.Event(block=False, disable_timing=True)
         event.record(stream)
+        if sync:
+            _DROPPED.append((event, keep, result))
+            return None
         return CudaEventWork(
-            event, keep, self.pg._timeout_s, (name, self.pg), result, self._device, is_torch(ref.obj), source
+            event, keep, self.pg._timeout_s, (name, self.pg), result, self._device, is_torch(ref.obj), source, captured
         )
 
     def check_reduction(self, dtype: str, rop: ResolvedOp) -> None:

@@ -26,6 +26,15 @@ deadline passes (plus a grace period) without word from the thread, the
 guard prints the report and ends this process (SIGTERM, then SIGKILL), and
 the launcher ends the job. The guard exits when this process does.
 
+CUDA graphs: an operation enqueued while its stream captures runs at each
+replay, so it is not noted. The thread's own event queries must not disturb a
+capture that another thread runs in CUDA's default global mode (where any
+thread's "unsafe" call invalidates it): the thread switches itself to
+thread-local capture mode when it starts (``on_start``), as other libraries'
+watchdog threads do. Should a look fail all the same (a CUDA error), the
+thread says so once on stderr, disarms and closes its guard, and stops:
+hangs on the GPU are then no longer caught, but nothing ends the job falsely.
+
 Events, streams and engines are duck-typed (``record(stream)``/``done``;
 ``ptr``; ``async_error()``/``abort_nccl()``), so the bookkeeping is tested on
 the CPU with plain objects.
@@ -44,6 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import timeout_message
+from ...gpu.streams import thread_local_capture_mode
 
 __all__ = ["Guard", "NcclWatchdog", "nccl_watchdog"]
 
@@ -129,8 +139,10 @@ class NcclWatchdog:
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = 0.1,
         bucket_s: float = 0.001,
+        on_start: Callable[[], Any] | None = None,
     ) -> None:
         self._new_event = new_event
+        self._on_start = on_start
         self._clock = clock
         self.poll_s = poll_s
         self.bucket_s = bucket_s
@@ -142,6 +154,7 @@ class NcclWatchdog:
         self._thread: threading.Thread | None = None
         self.oldest: tuple[float, Any, float] | None = None  # (deadline, what, limit) of the oldest pending work
         self.guard_grace_s = 2.0
+        self.stopped: BaseException | None = None  # why the thread stopped watching, if it did
 
     def note(self, stream: Any, what: Any, limit: float, engine: Any) -> None:
         """An operation ``what`` (a str or ``(opname, group)``) was just enqueued on ``stream``."""
@@ -210,13 +223,19 @@ class NcclWatchdog:
                 self._thread = t
 
     def _run(self) -> None:
+        if self._on_start is not None:
+            self._on_start()
         try:
-            guard: Guard | None = Guard()
+            guard: Guard | None = self._new_guard()
         except OSError:  # no guard: a host blocked in CUDA with the GIL held is then not caught
             guard = None
         while True:
             time.sleep(self.poll_s)
-            report = self.check()
+            try:
+                report = self.check()
+            except Exception as exc:  # a look failed: stop watching rather than end the job on a stale deadline
+                self._stop(guard, exc)
+                return
             if report is not None:
                 self._fire(report)
                 return
@@ -227,6 +246,20 @@ class NcclWatchdog:
                 else:
                     how = "this process (the host is blocked in a CUDA call)"
                     guard.arm(oldest[0] + self.guard_grace_s, _timeout_report(oldest[1], oldest[2], how))
+
+    def _new_guard(self) -> Guard:
+        return Guard()
+
+    def _stop(self, guard: Guard | None, exc: BaseException) -> None:
+        self.stopped = exc
+        sys.stderr.write(
+            f"hpcdist: the NCCL watchdog stopped: a look at the pending NCCL work failed ({type(exc).__name__}: "
+            f"{exc}); NCCL operations that never complete are no longer caught in this process\n"
+        )
+        sys.stderr.flush()
+        if guard is not None:
+            guard.arm(None)
+            guard.close()
 
     def _fire(self, report: str) -> None:
         from ..._watchdog import abort_job
@@ -253,5 +286,5 @@ def nccl_watchdog() -> NcclWatchdog:
 
             return cupy.cuda.Event(block=False, disable_timing=True)
 
-        _WATCHDOG.append(NcclWatchdog(new_event))
+        _WATCHDOG.append(NcclWatchdog(new_event, on_start=thread_local_capture_mode))
     return _WATCHDOG[0]

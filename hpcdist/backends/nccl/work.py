@@ -8,11 +8,22 @@ without blocking the host; ``is_completed()`` queries the event;
 :class:`~hpcdist.errors.DistTimeoutError` after the timeout. Its future is
 completed at once, as torch's NCCL futures are (a CUDA future: ``wait()``
 and ``then()`` order the current stream after the operation).
+
+A Work dropped before its operation is known to be complete hands its
+arrays to :data:`_DROPPED` (as torch's ProcessGroupNCCL stashes a Work's
+tensors): the memory of an array freed on the host goes back to its pool at
+once, and the pool may give it to a new array on another stream while the
+queued operation still writes it. :func:`release_dropped` lets go of them
+oldest first once their events completed; the engine calls it on the calling
+thread with each operation it enqueues outside a graph capture, and when it
+closes. Nothing is kept for an operation captured in a CUDA graph (it runs at
+each replay; its event must not be queried).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -21,13 +32,28 @@ from ...errors import TIMEOUT_FIX, DistTimeoutError, timeout_message
 from ...gpu.streams import require_cupy
 from ...work import Future, Work, _as_list, _wait_limit
 
-__all__ = ["CudaEventWork"]
+__all__ = ["CudaEventWork", "release_dropped"]
+
+# (event, arrays kept, result) of dropped Works whose operation may still run on the GPU, oldest first
+_DROPPED: deque[tuple[Any, Any, Any]] = deque()
+
+
+def release_dropped() -> None:
+    """Let go of the arrays of dropped Works whose operations completed, oldest first (on the calling thread)."""
+    while _DROPPED:
+        try:
+            done = _DROPPED[0][0].done
+        except Exception:  # the event cannot be asked (a CUDA error): keep the arrays, as for one still running
+            return
+        if not done:
+            return
+        _DROPPED.popleft()
 
 
 class CudaEventWork(Work):
     """The Work of one enqueued NCCL operation (see module docstring)."""
 
-    __slots__ = ("_event", "_index", "_torch")
+    __slots__ = ("_captured", "_event", "_index", "_torch")
 
     def __init__(
         self,
@@ -39,12 +65,19 @@ class CudaEventWork(Work):
         index: int,
         torch_stream: bool,
         source: int = -1,
+        captured: bool = False,
     ) -> None:
         super().__init__((), None, keep, timeout_s, name, result)
         self._event = event
         self._index = index
         self._torch = torch_stream
         self._source = source
+        self._captured = captured
+
+    def __del__(self) -> None:
+        # _keep is cleared once the event was seen complete; until then the GPU may still use the arrays
+        if self._keep is not None and not self._captured:
+            _DROPPED.append((self._event, self._keep, self._result))
 
     @classmethod
     def combine(cls, works: Sequence[Work], name: Any, timeout_s: float) -> Work:
@@ -59,7 +92,10 @@ class CudaEventWork(Work):
             merged._device_parts = parts  # type: ignore[attr-defined]  # a _MergedWithDevice
             return merged
         last = parts[-1]
-        return type(last)(last._event, parts, timeout_s, name, [p._result for p in parts], last._index, last._torch)
+        captured = any(p._captured for p in parts)
+        return type(last)(
+            last._event, parts, timeout_s, name, [p._result for p in parts], last._index, last._torch, -1, captured
+        )
 
     def _current_stream(self) -> Any:
         cupy = require_cupy()
