@@ -22,6 +22,7 @@ each replay; its event must not be queried).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -38,16 +39,26 @@ __all__ = ["CudaEventWork", "release_dropped"]
 _DROPPED: deque[tuple[Any, Any, Any]] = deque()
 
 
+_RELEASING = threading.Lock()
+
+
 def release_dropped() -> None:
-    """Let go of the arrays of dropped Works whose operations completed, oldest first (on the calling thread)."""
-    while _DROPPED:
-        try:
-            done = _DROPPED[0][0].done
-        except Exception:  # the event cannot be asked (a CUDA error): keep the arrays, as for one still running
-            return
-        if not done:
-            return
-        _DROPPED.popleft()
+    """Let go of the arrays of dropped Works whose operations completed, oldest first (on the calling thread).
+
+    Returns at once while another thread does it (only the one that asked an entry's event may remove it)."""
+    if not _RELEASING.acquire(False):
+        return
+    try:
+        while _DROPPED:
+            try:
+                done = _DROPPED[0][0].done
+            except Exception:  # the event cannot be asked (a CUDA error): keep the arrays, as for one still running
+                return
+            if not done:
+                return
+            _DROPPED.popleft()
+    finally:
+        _RELEASING.release()
 
 
 class CudaEventWork(Work):
