@@ -88,7 +88,10 @@ class CudaEventWork(Work):
     def __del__(self) -> None:
         # _keep is cleared once the event was seen complete; until then the GPU may still use the arrays
         if self._keep is not None and not self._captured:
-            _DROPPED.append((self._event, self._keep, self._result))
+            try:
+                _DROPPED.append((self._event, self._keep, self._result))
+            except Exception:  # pragma: no cover - at interpreter shutdown, when the module is gone already
+                pass
 
     @classmethod
     def combine(cls, works: Sequence[Work], name: Any, timeout_s: float) -> Work:
