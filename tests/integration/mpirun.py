@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -51,6 +52,7 @@ def run_mpi(
     full_env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS and not k.startswith("TORCHELASTIC_")}
     full_env.pop("HPCDIST_TIMEOUT", None)
     full_env["PYTHONUNBUFFERED"] = "1"
+    full_env["PYTHONFAULTHANDLER"] = "1"  # a rank still running at the limit prints its threads' tracebacks
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env["HPCDIST_FLIGHT_DIR"] = str(tmp_path / "hpcdist-flight")  # dumps of failing jobs stay in tmp
     full_env.update(env or {})
@@ -67,7 +69,73 @@ def run_limited(cmd: list[str], env: dict[str, str], limit: float, cwd: Path | N
         out, err = proc.communicate(timeout=limit)
         timed_out = False
     except subprocess.TimeoutExpired:
+        snapshot = processes_under(proc.pid)  # what was still running, and where it waited
+        python_tracebacks(proc.pid)
+        under = [pid for pid, *_ in _processes(proc.pid)]
         os.killpg(proc.pid, signal.SIGKILL)
+        for pid in under:  # Hydra's proxies and their ranks run in sessions of their own
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate()
+        err += snapshot
         timed_out = True
     return Result(proc.returncode, out, err, time.monotonic() - t0, timed_out)
+
+
+def python_tracebacks(root: int, grace: float = 2.0) -> None:
+    """Make the Python processes under ``root`` that run with ``PYTHONFAULTHANDLER=1`` (:func:`run_mpi` sets it)
+    print where every thread of theirs is: SIGABRT, which faulthandler turns into tracebacks on stderr even in a
+    process stuck in C with the GIL held. Gives them ``grace`` seconds to do it."""
+    hit = False
+    for pid, _fields, _wchan, cmd in _processes(root):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                faulthandler = b"\0PYTHONFAULTHANDLER=1\0" in b"\0" + f.read()
+            if faulthandler and "python" in cmd.split(" ", 1)[0]:
+                os.kill(pid, signal.SIGABRT)
+                hit = True
+        except OSError:
+            continue
+    if hit:
+        time.sleep(grace)
+
+
+def _processes(root: int) -> list[tuple[int, list[str], str, str]]:
+    """(pid, /proc/pid/stat fields from the state on, wchan, command line) of ``root`` and every process it started,
+    in whatever session (Hydra starts its proxies in sessions of their own)."""
+    table: dict[int, tuple[list[str], str, str]] = {}
+    try:
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            fields = stat[stat.rindex(")") + 2 :].split()  # state ppid pgrp session ...
+            with open(f"/proc/{pid}/wchan") as f:
+                wchan = f.read().strip() or "-"
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+        table[pid] = (fields, wchan, cmd)
+    keep, frontier = set(), {root}
+    while frontier:
+        keep |= frontier
+        frontier = {pid for pid, (fields, _w, _c) in table.items() if int(fields[1]) in frontier} - keep
+    return [(pid, *table[pid]) for pid in sorted(keep) if pid in table]
+
+
+def processes_under(root: int) -> str:
+    """``root`` and the processes it started (a launch that outlived its limit), each with its state, the kernel
+    function it sleeps in and its command line: a report for the failing test's message ("" where /proc is
+    missing)."""
+    rows = [f"  pid {pid} ppid {f[1]} state {f[0]} wchan {wchan}: {cmd}" for pid, f, wchan, cmd in _processes(root)]
+    if not rows:
+        return ""
+    return (
+        "\n--- processes of the launch at its time limit (tracebacks above from those with PYTHONFAULTHANDLER=1) ---\n"
+        + "\n".join(rows)
+        + "\n"
+    )

@@ -129,3 +129,28 @@ def test_a_failure_on_one_rank_is_said_at_once_and_an_out_of_step_group_ends_the
     assert "rank 0 of 2: test_oos.py::test_rank_1_fails_early failed (call): hpcdist" in out, out  # the timeout
     assert "ending the session" in out, out
     assert "test_oos.py::test_after_it_2" not in out, out  # no cascade of failures after the first
+
+
+def test_a_launch_past_its_limit_reports_where_each_rank_waits_and_leaves_nothing_running(tmp_path):
+    """tests/integration/mpirun.py's own promise, on which every fault test's report of a hang rests: a launch that
+    outlives its limit is reported with its processes (mpiexec, Hydra's proxy, the ranks: state and kernel wait)
+    and each rank's Python traceback (faulthandler), and every one of them is gone afterwards, though Hydra starts
+    its proxy in a session of its own."""
+    from mpirun import _processes, run_mpi
+
+    script = """
+import time
+from mpi4py import MPI
+if MPI.COMM_WORLD.Get_rank() == 1:
+    time.sleep(600)  # RANK 1 WAITS HERE
+MPI.COMM_WORLD.Barrier()  # RANK 0 WAITS HERE
+"""
+    r = run_mpi(2, script, tmp_path, limit=12)
+    assert r.timed_out, r.output
+    report = r.stderr[r.stderr.index("--- processes of the launch") :]
+    assert "mpiexec" in report and "hydra_pmi_proxy" in report and report.count("script_") >= 3, report
+    tracebacks = r.stderr.split("--- processes of the launch")[0]
+    for line in (5, 6):  # the sleep and the barrier, each rank's own frame
+        assert f'script_{abs(hash(script)) % 10**8}.py", line {line} in <module>' in tracebacks, r.stderr
+    lingering = [cmd for pid, _f, _w, cmd in _processes(1) if str(tmp_path) in cmd]
+    assert not lingering, lingering
