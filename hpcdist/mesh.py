@@ -3,11 +3,21 @@
 SPMD contract: every rank of the world calls :func:`init_device_mesh` (or
 builds a :class:`DeviceMesh`) with the same shape and names; it creates one
 group per slice of every dimension (one ``MPI_Comm_split`` per dimension),
-collectively, in the same order on every rank.
+collectively, in the same order on every rank. Every split first compares a
+checksum of the whole mesh across the ranks, so ranks given different meshes
+(another shape, another number of dimensions) all raise the same ValueError
+before any group is made.
+
+A mesh made by slicing (``mesh["dp"]``) or flattening (``mesh["dp", "tp"]._flatten()``)
+remembers its root mesh and which of the root's dimensions each of its own
+dimensions spans, as torch's layouts do: that gives its strides (``repr``) and
+lets the root reach flattened dimensions by name.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -29,11 +39,16 @@ class DeviceMesh:
 
     Args:
         device_type: ``"cpu"`` or ``"cuda"`` (``"cuda:N"`` too), the arrays the mesh's groups move.
-        mesh: an n-d array (or nested lists) holding every global rank exactly once.
+        mesh: an n-d array (or nested lists, or an integer tensor) holding every global rank exactly once.
         mesh_dim_names: one name per dimension, for ``get_group("dp")`` and ``mesh["dp"]``.
-        backend_override: ``{dimension index or name: backend}``, a backend for some dimensions'
-            groups (default: the default group's); a ``(backend, options)`` pair is accepted as torch's
-            and its options are ignored.
+        backend_override: a backend for some dimensions' groups (default: the default group's), as
+            ``{dimension index or name: backend}`` or, as torch's ``DeviceMesh``, one ``(backend, options)``
+            pair per dimension (``(None, None)``: the default); options are accepted as torch's and ignored.
+
+    Raises:
+        TypeError: ``mesh`` holds other than ints (floats, bools), ``device_type`` is not a string.
+        ValueError: ``mesh`` is ragged or does not hold every global rank exactly once; bad
+            ``mesh_dim_names`` or ``backend_override``.
     """
 
     def __init__(
@@ -47,7 +62,7 @@ class DeviceMesh:
     ) -> None:
         _check_device_type(device_type)
         world = default_pg()
-        arr = np.asarray(mesh.tolist() if hasattr(mesh, "tolist") else mesh, dtype=np.int64)
+        arr = _rank_array(mesh)
         if arr.ndim == 0:
             raise ValueError("mesh must have at least one dimension")
         flat = sorted(arr.reshape(-1).tolist())
@@ -59,10 +74,11 @@ class DeviceMesh:
         if _init_backend:
             backends = _backends(backend_override, arr.ndim, self._dim)
             tmo = _check_timeout(None)
+            shown = arr.tolist()  # every dimension's check compares the whole mesh: no rank splits a dimension alone
             for dim in range(arr.ndim):
-                moved = np.moveaxis(arr, dim, -1).reshape(-1, arr.shape[dim])
-                lists = [row.tolist() for row in moved]
-                mine, _ = _split_many(world, lists, tmo, backends[dim], f"mesh_dim_{dim}", "init_device_mesh")
+                desc = f"mesh_{self.mesh_dim_names[dim]}" if self.mesh_dim_names else f"mesh_dim_{dim}"
+                lists = _rows(arr, (dim,))
+                mine, _ = _split_many(world, lists, tmo, backends[dim], desc, "init_device_mesh", given=shown)
                 self._groups.append(mine)
 
     def _fill(
@@ -76,8 +92,8 @@ class DeviceMesh:
         if names is not None and (
             not isinstance(names, (tuple, list))
             or len(names) != arr.ndim
-            or len(set(names)) != arr.ndim
             or not all(isinstance(x, str) for x in names)
+            or len(set(names)) != arr.ndim
         ):
             raise ValueError(f"mesh_dim_names must be {arr.ndim} distinct names (one per dimension), got {names!r}")
         self.device_type = device_type
@@ -85,6 +101,10 @@ class DeviceMesh:
         self.mesh_dim_names = tuple(names) if names is not None else None
         self._groups = groups
         self._coord = coord
+        # the root mesh (sliced and flattened meshes keep their root's) and the root dimensions each dimension spans
+        self._root: DeviceMesh = self
+        self._spec: list[tuple[int, ...]] = [(d,) for d in range(arr.ndim)]
+        self._flat: dict[str, DeviceMesh] = {}  # on a root: its flattened meshes by name
 
     @staticmethod
     def from_group(
@@ -97,30 +117,35 @@ class DeviceMesh:
         """A mesh over existing groups (no collective call).
 
         One group: a 1-d mesh of its ranks in group-rank order (``mesh``, when
-        given, must list exactly those). A list of groups: ``mesh`` (n-d, of
-        global ranks) is required and ``group[d]`` is this rank's group along
-        dimension ``d``; each must hold the ranks of this rank's row of
-        ``mesh`` along ``d``.
+        given, must list exactly those). A list of groups (as torch, even of
+        one): ``mesh`` (n-d, of global ranks) and ``mesh_dim_names`` are
+        required and ``group[d]`` is this rank's group along dimension ``d``;
+        each must hold the ranks of this rank's row of ``mesh`` along ``d``.
 
         Args:
-            group: one :class:`~hpcdist.group.ProcessGroup`, or one per dimension.
+            group: one :class:`~hpcdist.group.ProcessGroup`, or a list of them, one per dimension.
             device_type: ``"cpu"`` or ``"cuda"`` (``"cuda:N"`` too), the arrays the mesh's groups move.
-            mesh: the grid of global ranks (required with several groups).
-            mesh_dim_names: one name per dimension, for ``get_group("dp")`` and ``mesh["dp"]``.
+            mesh: the grid of global ranks (required with a list of groups).
+            mesh_dim_names: one name per dimension, for ``get_group("dp")`` and ``mesh["dp"]`` (required
+                with a list of groups).
 
         Returns:
             The :class:`DeviceMesh`.
         """
         _check_device_type(device_type)
-        groups = list(group) if isinstance(group, (list, tuple)) else [group]
+        several = isinstance(group, (list, tuple))
+        groups: list[Any] = list(group) if isinstance(group, (list, tuple)) else [group]
         if not groups or not all(isinstance(g, ProcessGroup) for g in groups):
             raise TypeError(f"group must be a ProcessGroup or a non-empty list of them, got {group!r}")
         if mesh is None:
-            if len(groups) != 1:
-                raise ValueError(f"mesh is required with {len(groups)} groups (one per mesh dimension)")
+            if several:
+                raise ValueError(
+                    f"mesh is required with a list of {len(groups)} group(s) (one per mesh dimension); "
+                    "pass a single ProcessGroup for a 1-d mesh of its ranks"
+                )
             arr = np.asarray(groups[0]._ranks, dtype=np.int64)
         else:
-            arr = np.asarray(mesh.tolist() if hasattr(mesh, "tolist") else mesh, dtype=np.int64)
+            arr = _rank_array(mesh)
         if arr.ndim != len(groups):
             raise ValueError(
                 f"mesh has {arr.ndim} dimension(s) but {len(groups)} group(s) were given: one per dimension"
@@ -139,6 +164,10 @@ class DeviceMesh:
                     f"group {d} ({g.group_name!r}) holds ranks {list(g._ranks)}, but this rank's row of mesh along "
                     f"dimension {d} is {row}"
                 )
+        if several and mesh_dim_names is None:
+            raise ValueError(
+                f"mesh_dim_names is required with a list of groups: one name for each of the {len(groups)}"
+            )
         out = DeviceMesh.__new__(DeviceMesh)
         out._fill(device_type, arr, mesh_dim_names, groups, coord)
         return out
@@ -160,29 +189,54 @@ class DeviceMesh:
         """
         if mesh_dim is None:
             return int(self.mesh.size)
+        flat = self._flattened(mesh_dim)
+        if flat is not None:
+            return int(flat.mesh.size)
         return int(self.mesh.shape[self._dim(mesh_dim)])
 
     def _dim(self, mesh_dim: int | str | None) -> int:
         if mesh_dim is None:
             if self.ndim != 1:
-                raise ValueError(f"this mesh has {self.ndim} dimensions: name one (mesh_dim=0..{self.ndim - 1})")
+                raise RuntimeError(
+                    f"this mesh has {self.ndim} dimensions: pass mesh_dim (0..{self.ndim - 1} or one of "
+                    f"mesh_dim_names {self.mesh_dim_names}); get_all_groups() gives every dimension's group"
+                )
             return 0
         if isinstance(mesh_dim, str):
             if not self.mesh_dim_names or mesh_dim not in self.mesh_dim_names:
-                raise KeyError(f"mesh dimension {mesh_dim!r} not in mesh_dim_names {self.mesh_dim_names}")
+                flat = f" or flattened names {tuple(self._root._flat)}" if self._root._flat else ""
+                raise KeyError(f"mesh dimension {mesh_dim!r} not in mesh_dim_names {self.mesh_dim_names}{flat}")
             return self.mesh_dim_names.index(mesh_dim)
-        if not isinstance(mesh_dim, int) or not -self.ndim <= mesh_dim < self.ndim:
-            raise ValueError(f"mesh_dim must be in 0..{self.ndim - 1} or a dimension name, got {mesh_dim!r}")
-        return mesh_dim % self.ndim
+        if not isinstance(mesh_dim, (int, np.integer)):
+            raise TypeError(
+                f"mesh_dim must be an int (0..{self.ndim - 1}) or a dimension name, got {type(mesh_dim).__name__}: "
+                f"{mesh_dim!r}"
+            )
+        if not -self.ndim <= mesh_dim < self.ndim:
+            raise IndexError(f"mesh_dim must be in 0..{self.ndim - 1} (or -{self.ndim}..-1), got {mesh_dim}")
+        return int(mesh_dim) % self.ndim
+
+    def _flattened(self, mesh_dim: Any) -> DeviceMesh | None:
+        """The root's flattened mesh named ``mesh_dim`` (torch looks names up there too), or None."""
+        if isinstance(mesh_dim, str) and not (self.mesh_dim_names and mesh_dim in self.mesh_dim_names):
+            return self._root._flat.get(mesh_dim)
+        return None
 
     # groups and coordinates
     def get_group(self, mesh_dim: int | str | None = None) -> ProcessGroup:
         """The group along ``mesh_dim`` that contains this rank.
 
         Args:
-            mesh_dim: a dimension index or name (None: the only dimension of a 1-d mesh).
+            mesh_dim: a dimension index or name, or the name of a dimension flattened from the root mesh
+                (None: the only dimension of a 1-d mesh).
         """
-        return self._groups[self._dim(mesh_dim)]
+        flat = self._flattened(mesh_dim)
+        if flat is not None:
+            return flat._groups[0]
+        dim = self._dim(mesh_dim)
+        if not self._groups:
+            raise RuntimeError("this DeviceMesh was built with _init_backend=False: it has no process groups")
+        return self._groups[dim]
 
     def get_all_groups(self) -> list[ProcessGroup]:
         """This rank's group along each dimension, in dimension order."""
@@ -192,13 +246,17 @@ class DeviceMesh:
         """This rank's coordinate along ``mesh_dim`` (its rank in that dimension's group).
 
         Args:
-            mesh_dim: a dimension index or name (None: the only dimension of a 1-d mesh).
+            mesh_dim: a dimension index or name, or the name of a dimension flattened from the root mesh
+                (None: the only dimension of a 1-d mesh).
         """
+        flat = self._flattened(mesh_dim)
+        if flat is not None:
+            return flat._coord[0]
         return self._coord[self._dim(mesh_dim)]
 
-    def get_coordinate(self) -> list[int]:
-        """This rank's coordinate along every dimension."""
-        return list(self._coord)
+    def get_coordinate(self) -> tuple[int, ...]:
+        """This rank's coordinate along every dimension (a tuple, as torch 2.13's)."""
+        return tuple(self._coord)
 
     def get_rank(self) -> int:
         """This process's global rank."""
@@ -210,29 +268,136 @@ class DeviceMesh:
     def __getitem__(self, names: str | tuple[str, ...]) -> DeviceMesh:
         """The sub-mesh along the named dimensions that contains this rank (``mesh["dp"]``, ``mesh["dp", "tp"]``).
 
-        Names must follow the mesh's own order. The sub-mesh reuses this
-        mesh's groups: no collective call.
+        Names must follow the mesh's own order; the root mesh also takes the
+        names of dimensions flattened from it (``mesh["pp", "dp_tp"]``). The
+        mesh's own names, all in order, give the mesh itself. The sub-mesh
+        reuses this mesh's groups: no collective call.
         """
-        wanted = names if isinstance(names, tuple) else (names,)
+        if not self.mesh_dim_names:
+            raise RuntimeError(
+                f"cannot slice a DeviceMesh without mesh_dim_names (asked for {names!r}): build it with mesh_dim_names="
+            )
+        wanted = (names,) if isinstance(names, str) else tuple(names) if isinstance(names, (tuple, list)) else ()
         if not wanted or not all(isinstance(x, str) for x in wanted):
             raise KeyError(f"slice a mesh by dimension names, got {names!r}")
-        dims = [self._dim(x) for x in wanted]
+        if wanted == self.mesh_dim_names:
+            return self
+        root = self._root
+        specs: list[tuple[int, ...]] = []
+        groups: list[ProcessGroup] = []
+        for x in wanted:
+            if x in self.mesh_dim_names:
+                i = self.mesh_dim_names.index(x)
+                specs.append(self._spec[i])
+                groups.extend(self._groups[i : i + 1])
+            elif self is root and x in root._flat:
+                specs.append(root._flat[x]._spec[0])
+                groups.extend(root._flat[x]._groups)
+            else:
+                flat = f" or flattened names {tuple(root._flat)}" if self is root and root._flat else ""
+                raise KeyError(f"mesh dimension {x!r} not in mesh_dim_names {self.mesh_dim_names}{flat}")
+        dims = [d for s in specs for d in s]
         if len(set(dims)) != len(dims) or dims != sorted(dims):
             raise KeyError(
-                f"mesh dimension names {wanted} must be distinct and in the mesh's order {self.mesh_dim_names}"
+                f"mesh dimension names {wanted} must be distinct, not overlap, and be in the mesh's order "
+                f"{self.mesh_dim_names}"
             )
-        index: list[Any] = list(self._coord)
+        full = root.mesh.shape
+        index: list[Any] = list(root._coord)
         for d in dims:
             index[d] = slice(None)
+        sizes = [int(np.prod([full[d] for d in s])) for s in specs]
+        coord = [int(np.ravel_multi_index([root._coord[d] for d in s], [full[d] for d in s])) for s in specs]
         sub = DeviceMesh.__new__(DeviceMesh)
-        sub._fill(
-            self.device_type,
-            self.mesh[tuple(index)],
-            tuple(wanted),
-            [self._groups[d] for d in dims],
-            [self._coord[d] for d in dims],
-        )
+        sub._fill(self.device_type, root.mesh[tuple(index)].reshape(sizes), wanted, groups, coord)
+        sub._root, sub._spec = root, specs
         return sub
+
+    def _flatten(self, mesh_dim_name: str | None = None, backend_override: Any = None) -> DeviceMesh:
+        """A 1-d mesh over this mesh's dimensions flattened into one, with a group per flattened row (torch's).
+
+        Collective over the world the first time (one ``MPI_Comm_split``): every
+        rank calls it with the same arguments. The root mesh keeps it:
+        calling again returns the same mesh, and ``root.get_group(name)``,
+        ``root.get_local_rank(name)`` and ``root[name]`` reach it.
+
+        Args:
+            mesh_dim_name: the flattened dimension's name (default: the names joined by ``"_"``);
+                a 1-d mesh flattened into its own name is itself.
+            backend_override: the new group's backend, or a ``(backend, options)`` pair (options ignored).
+
+        Returns:
+            The flattened :class:`DeviceMesh`.
+        """
+        if not self.mesh_dim_names:
+            raise RuntimeError("cannot flatten a DeviceMesh without mesh_dim_names: build it with mesh_dim_names=")
+        name = mesh_dim_name or "_".join(self.mesh_dim_names)
+        if not isinstance(name, str):
+            raise TypeError(f"mesh_dim_name must be a str, got {type(name).__name__}: {name!r}")
+        if self.ndim == 1 and name in self.mesh_dim_names:
+            return self
+        root = self._root
+        spec = tuple(d for s in self._spec for d in s)
+        if root.mesh_dim_names and name in root.mesh_dim_names:
+            raise ValueError(
+                f"mesh_dim_name {name!r} already names a dimension of the root mesh {root.mesh_dim_names}: "
+                "pass another mesh_dim_name"
+            )
+        made = root._flat.get(name)
+        if made is not None:
+            if made._spec[0] == spec:
+                return made
+            raise ValueError(
+                f"a dimension named {name!r} was flattened from other dimensions of the root mesh before: "
+                "pass another mesh_dim_name"
+            )
+        backend = backend_override[0] if isinstance(backend_override, tuple) else backend_override
+        parse_backend(backend)  # a bad name fails here, before the split
+        world = default_pg()
+        if root.mesh.size != world.size():
+            raise ValueError(
+                f"_flatten needs a mesh over every rank of the world ({world.size()}); this mesh's root holds "
+                f"{root.mesh.reshape(-1).tolist()}"
+            )
+        lists = _rows(root.mesh, spec)
+        me = world.rank()
+        row = next(r for r in lists if me in r)
+        mine, _ = _split_many(
+            world,
+            lists,
+            _check_timeout(None),
+            backend,
+            f"mesh_{name}",
+            "DeviceMesh._flatten",
+            given=(root.mesh.tolist(), spec),
+        )
+        out = DeviceMesh.__new__(DeviceMesh)
+        out._fill(self.device_type, np.asarray(row, dtype=np.int64), (name,), [mine], [row.index(me)])
+        out._root, out._spec = root, [spec]
+        root._flat[name] = out
+        return out
+
+    def _strides(self) -> tuple[Any, ...]:
+        """Each dimension's stride in the root's row-major rank layout, as torch prints them.
+
+        A size-1 root dimension has none; a flattened dimension's root
+        dimensions merge where contiguous: one int, else a tuple (``()`` for none).
+        """
+        full = self._root.mesh.shape
+        row_major = [int(np.prod(full[d + 1 :])) for d in range(len(full))]
+        out: list[Any] = []
+        for spec in self._spec:
+            modes: list[list[int]] = []
+            for d in spec:
+                if full[d] == 1:
+                    continue
+                if modes and modes[-1][1] == full[d] * row_major[d]:
+                    modes[-1] = [modes[-1][0] * full[d], row_major[d]]
+                else:
+                    modes.append([full[d], row_major[d]])
+            strides = tuple(m[1] for m in modes)
+            out.append(strides[0] if len(strides) == 1 else strides)
+        return tuple(out)
 
     def _key(self) -> tuple[Any, ...]:
         return (self.device_type, self.mesh.shape, tuple(self.mesh.reshape(-1).tolist()), self.mesh_dim_names)
@@ -247,22 +412,84 @@ class DeviceMesh:
         return hash(self._key())
 
     def __repr__(self) -> str:
-        names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
-        return f"DeviceMesh('{self.device_type}', {self.mesh.tolist()}{names})"
+        """torch 2.13's: ``DeviceMesh((dp=2, tp=2), 'cpu', stride=(2, 1))``; the ranks too with TORCH_DISTRIBUTED_DEBUG=DETAIL."""
+        if self.mesh_dim_names:
+            sizes = f"({', '.join(f'{k}={v}' for k, v in zip(self.mesh_dim_names, self.shape))})"
+        else:
+            sizes = f"{self.shape}"
+        out = f"DeviceMesh({sizes}, '{self.device_type}', stride={self._strides()}"
+        if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "") == "DETAIL":
+            out += f", Mesh: {self.mesh.tolist()}"
+        return out + ")"
+
+
+def _rank_array(mesh: Any) -> np.ndarray:
+    """``mesh`` (an array, a tensor or nested lists) as an int64 array; ValueError if ragged, TypeError if not ints."""
+    raw = mesh.tolist() if hasattr(mesh, "tolist") else mesh
+    bad = [x for x in _leaves(raw) if isinstance(x, bool) or not isinstance(x, (int, np.integer))]
+    if bad:
+        raise TypeError(
+            f"mesh must hold int global ranks, got {type(bad[0]).__name__} entries such as {bad[0]!r}: {raw!r}"
+        )
+    try:
+        return np.asarray(raw, dtype=np.int64)
+    except ValueError as exc:  # numpy: "inhomogeneous shape"
+        raise ValueError(
+            f"mesh must be a rectangular n-d grid of global ranks (rows of one length), got {raw!r}"
+        ) from exc
+
+
+def _leaves(x: Any) -> Iterator[Any]:
+    """The entries of nested lists/tuples/ranges."""
+    if isinstance(x, (list, tuple, range)):
+        for y in x:
+            yield from _leaves(y)
+    else:
+        yield x
+
+
+def _rows(arr: np.ndarray, dims: tuple[int, ...]) -> list[list[int]]:
+    """The groups along ``dims`` (root dimensions, ascending): one list of ranks, row-major over ``dims``, per
+    coordinate of the other dimensions."""
+    moved = np.moveaxis(arr, list(dims), list(range(arr.ndim - len(dims), arr.ndim)))
+    return [row.tolist() for row in moved.reshape(-1, int(np.prod([arr.shape[d] for d in dims])))]
 
 
 def _check_device_type(device_type: Any) -> None:
-    if not isinstance(device_type, str) or device_type.split(":")[0] not in ("cpu", "cuda"):
+    if not isinstance(device_type, str):
+        raise TypeError(
+            f"device_type must be a str, 'cpu' or 'cuda', got {type(device_type).__name__}: {device_type!r}"
+            " (for a torch.device pass its .type)"
+        )
+    if device_type.split(":")[0] not in ("cpu", "cuda"):
         raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
 
 
 def _backends(override: Any, ndim: int, dim_of: Any) -> list[Any]:
-    """``backend_override`` ({dimension index or name: backend}) as one backend (or None) per dimension."""
+    """``backend_override`` as one backend (or None) per dimension.
+
+    A dict ``{dimension index or name: backend}`` (init_device_mesh's), or one
+    entry per dimension (torch's DeviceMesh): a ``(backend, options)`` pair, a
+    backend or None. Options are not used.
+    """
     out: list[Any] = [None] * ndim
     if override is None:
         return out
+    if isinstance(override, (tuple, list)):
+        if len(override) != ndim:
+            raise ValueError(
+                f"backend_override should have the same length as the number of mesh dimensions ({ndim}), "
+                f"got {len(override)}: {override!r}"
+            )
+        out = [value[0] if isinstance(value, tuple) else value for value in override]
+        for backend in out:
+            parse_backend(backend)  # a bad name fails here, before any group is split
+        return out
     if not isinstance(override, dict):
-        raise TypeError(f"backend_override must be a dict {{dimension index or name: backend}}, got {override!r}")
+        raise TypeError(
+            "backend_override must be a dict {dimension index or name: backend} or one (backend, options) pair "
+            f"per dimension, got {override!r}"
+        )
     for key, value in override.items():
         backend = value[0] if isinstance(value, tuple) else value  # (backend, options): options are not used
         parse_backend(backend)  # a bad name fails here, before any group is split
@@ -287,7 +514,7 @@ def init_device_mesh(
 
     Args:
         device_type: ``"cpu"`` or ``"cuda"`` (``"cuda:N"`` too), the arrays the mesh's groups move.
-        mesh_shape: the size of each dimension, positive ints.
+        mesh_shape: the size of each dimension, positive ints (a tuple, list or ``torch.Size``).
         mesh_dim_names: one name per dimension, for ``get_group("dp")`` and ``mesh["dp"]``.
         backend_override: ``{dimension index or name: backend}``, a backend for some dimensions'
             groups (default: the default group's); a ``(backend, options)`` pair is accepted as torch's
@@ -295,17 +522,40 @@ def init_device_mesh(
 
     Returns:
         The :class:`DeviceMesh`.
+
+    Raises:
+        TypeError: ``mesh_shape`` is not a sequence of ints; ``device_type`` is not a string.
+        RuntimeError: ``mesh_dim_names`` repeats a name or has another length than ``mesh_shape``;
+            ``prod(mesh_shape)`` above the world size (torch's).
+        ValueError: a size below 1, ``prod(mesh_shape)`` below the world size (torch allows it, hpcdist
+            does not), a bad ``backend_override``.
     """
     world = default_pg()
-    if (
-        not isinstance(mesh_shape, (tuple, list))
-        or not mesh_shape
-        or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in mesh_shape)
+    if not isinstance(mesh_shape, (tuple, list)) or any(
+        isinstance(s, bool) or not isinstance(s, (int, np.integer)) for s in mesh_shape
     ):
+        raise TypeError(f"mesh_shape must be a tuple of ints (one size per dimension), got {mesh_shape!r}")
+    if not mesh_shape or any(s < 1 for s in mesh_shape):
         raise ValueError(f"mesh_shape must be a non-empty tuple of positive ints, got {mesh_shape!r}")
-    if int(np.prod(mesh_shape)) != world.size():
+    if isinstance(mesh_dim_names, (tuple, list)) and all(isinstance(x, str) for x in mesh_dim_names):
+        if len(set(mesh_dim_names)) != len(mesh_dim_names):
+            raise RuntimeError(f"mesh_dim_names must be distinct (each name once), got {tuple(mesh_dim_names)}")
+        if len(mesh_dim_names) != len(mesh_shape):
+            raise RuntimeError(
+                f"mesh_dim_names must have one name per dimension of mesh_shape {tuple(mesh_shape)} "
+                f"({len(mesh_shape)}), got {len(mesh_dim_names)}: {tuple(mesh_dim_names)}"
+            )
+    ranks = int(np.prod(mesh_shape))
+    if ranks > world.size():  # torch's RuntimeError
+        raise RuntimeError(
+            f"mesh_shape {tuple(mesh_shape)} holds {ranks} ranks, more than the world's {world.size()}: a mesh "
+            "cannot be bigger than the default world"
+        )
+    if ranks < world.size():  # torch builds such a mesh (ranks outside get no coordinate); hpcdist does not
         raise ValueError(
-            f"mesh_shape {tuple(mesh_shape)} holds {int(np.prod(mesh_shape))} ranks but the world has {world.size()}"
+            f"mesh_shape {tuple(mesh_shape)} holds {ranks} ranks but the world has {world.size()}: hpcdist's meshes "
+            "span the whole world (a mesh over part of it is not supported; make a group with new_group and "
+            "DeviceMesh.from_group)"
         )
     mesh = np.arange(world.size(), dtype=np.int64).reshape(tuple(mesh_shape))
     return DeviceMesh(device_type, mesh, mesh_dim_names=mesh_dim_names, backend_override=backend_override)
