@@ -168,14 +168,18 @@ def all_reduce_bucketed(
 
     SPMD: every rank of ``group`` calls it with the same number of arrays,
     of the same dtypes and sizes, in the same order, and the same
-    ``bucket_cap_mb`` (the plan must agree, or the ranks' calls mismatch and
-    time out). Arrays may mix dtypes and devices; each bucket holds one kind.
+    ``bucket_cap_mb``. The plan must agree: buckets of different sizes
+    mismatch (an error, or a timeout), and lists split otherwise into
+    buckets of the same sizes are reduced across the arrays' boundaries
+    without an error (DETAIL mode catches it: ``docs/sharp-bits.md``).
+    Arrays may mix dtypes and devices; each bucket holds one kind.
 
     Args:
         tensors: the arrays (NumPy, torch, CuPy, ...), reduced in place.
         op: the reduction (a ReduceOp), as in :func:`~hpcdist.all_reduce`.
         group: the process group (default: the default group).
-        async_op: return a Work that completes when every bucket did.
+        async_op: return a Work that completes when every bucket did; its ``result()`` is the list of
+            ``tensors``, in order (as ``all_reduce_coalesced``'s).
         bucket_cap_mb: the most MiB one bucket holds (default 25, as torch DDP): a finite number > 0; a cap
             below an array's size gives that array a bucket of its own.
 
@@ -189,11 +193,13 @@ def all_reduce_bucketed(
     pg = resolve_group(group, "all_reduce_bucketed")
     if pg is None:
         return None
-    cap = max(1, int(_check_cap(bucket_cap_mb, "bucket_cap_mb", "MiB") * (1 << 20)))  # at least a byte
+    mib = _check_cap(bucket_cap_mb, "bucket_cap_mb", "MiB")
+    # at least a byte; a float cap beyond 2**62 MiB is unbounded anyway (scaled as it is, it overflowed to inf)
+    cap = mib << 20 if isinstance(mib, int) else max(1, int(min(mib, 2.0**62) * (1 << 20)))
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"tensors must be a list of arrays, got {type(tensors).__name__}")
-    if not tensors:
-        return None
+    if not tensors:  # nothing to reduce; async_op still gets the Work it asked for (complete, result [])
+        return combine([], "all_reduce_bucketed", pg, []) if async_op else None
     if not async_op and all(type(t) is np.ndarray and t.flags.carray for t in tensors):
         _numpy_buckets(tensors, op, pg, cap)
         return None
@@ -206,7 +212,7 @@ def all_reduce_bucketed(
     works = [reduce_list([tensors[i] for i in idx], op, pg, async_op, "all_reduce_bucketed") for idx in plan]
     if not async_op:
         return None
-    return combine([w for w in works if w is not None], "all_reduce_bucketed", pg)
+    return combine([w for w in works if w is not None], "all_reduce_bucketed", pg, list(tensors))
 
 
 def _numpy_buckets(arrays: list[np.ndarray], op: Any, pg: Any, cap: int) -> None:

@@ -524,9 +524,11 @@ def _complex_as_real(bufs: list[Buf], op: Any) -> list[Buf]:
     return out
 
 
-def combine(works: list[Any], name: str, pg: ProcessGroup) -> Work:
-    """One Work over several of ``pg``'s (:meth:`Work.combine`): completes when all did, finishing each in order."""
-    return Work.combine(works, (name, pg), pg._timeout_s)
+def combine(works: list[Any], name: str, pg: ProcessGroup, result: Any = None) -> Work:
+    """One Work over several of ``pg``'s (:meth:`Work.combine`): completes when all did, finishing each in order.
+
+    ``result``: the combined Work's result (None: the list of the parts' results)."""
+    return Work.combine(works, (name, pg), pg._timeout_s, result)
 
 
 # ------------------------------------------------------------------ gathers

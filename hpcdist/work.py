@@ -424,17 +424,20 @@ class Work:
         return work
 
     @classmethod
-    def combine(cls, works: Sequence[Work], name: Any, timeout_s: float) -> Work:
+    def combine(cls, works: Sequence[Work], name: Any, timeout_s: float, result: Any = None) -> Work:
         """One Work over several started operations: it completes when all did, finishing each in order.
 
-        Its result is the list of the parts' results. Works of one kind that
-        know a cheaper way (NCCL's: the last part's CUDA event covers all
-        parts on one stream) combine their own way.
+        Its result is ``result`` when given (a caller whose parts' results
+        are pieces of one answer: the arrays in the order the caller was
+        given them), else the list of the parts' results. Works of one kind
+        that know a cheaper way (NCCL's: the last part's CUDA event covers
+        all parts on one stream) combine their own way.
 
         Args:
             works: the parts (wait on the combined Work, not on them).
             name: the combined Work's name in errors, e.g. ``(opname, group)``.
             timeout_s: its default timeout for :meth:`wait`.
+            result: the combined Work's result (None: the list of the parts' results).
 
         Returns:
             The combined Work.
@@ -442,11 +445,15 @@ class Work:
         for w in works:  # a kind with its own way (any part of it: host parts beside NCCL ones too)
             kind = type(w)
             if kind.combine.__func__ is not Work.combine.__func__:  # type: ignore[attr-defined]
-                return kind.combine(works, name, timeout_s)  # it falls back on _merged where it cannot do better
-        return Work._merged(works, name, timeout_s)
+                return kind.combine(
+                    works, name, timeout_s, result
+                )  # it falls back on _merged where it cannot do better
+        return Work._merged(works, name, timeout_s, result=result)
 
     @staticmethod
-    def _merged(works: Sequence[Work], name: Any, timeout_s: float, kind: type[Work] | None = None) -> Work:
+    def _merged(
+        works: Sequence[Work], name: Any, timeout_s: float, kind: type[Work] | None = None, result: Any = None
+    ) -> Work:
         """:meth:`combine` for any Works: their requests, tested together; their finishing steps, in order.
 
         ``kind``: the class of the combined Work (a Work subclass that knows more of its parts); default Work."""
@@ -454,14 +461,14 @@ class Work:
         for w in works:
             w._reqs = ()
 
-        def post() -> list[Any]:
+        def post() -> Any:
             out = []
             for w in works:
                 w._finish()
                 out.append(w._result)
-            return out
+            return out if result is None else result
 
-        return (kind or Work)(reqs, post, list(works), timeout_s, name)
+        return (kind or Work)(reqs, post, list(works), timeout_s, name, result)
 
     def synchronize(self) -> None:
         """Same as :meth:`wait` for host work."""

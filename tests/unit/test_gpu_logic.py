@@ -635,6 +635,21 @@ def test_event_work_with_host_parts_combines_into_one_complete_only_with_its_eve
     assert mixed.is_completed() and mixed.result() == ["d", "o"]
 
 
+def test_combined_work_takes_the_result_its_caller_gives_on_every_kind_of_combination():
+    """all_reduce_bucketed's Work is the arrays in the caller's order (its buckets group them by kind): the
+    result given to Work.combine holds on the plain, NCCL-event and mixed combinations alike."""
+    from hpcdist.work import Work
+
+    (a, _), (b, _) = _event_work(_Event(done=True), "a"), _event_work(_Event(done=True), "b")
+    assert Work.combine([a, b], "all_reduce_bucketed", 5.0, ["x", "y", "z"]).result() == ["x", "y", "z"]
+    host = Work((), None, "kept", 5.0, "all_reduce_bucketed", "h")
+    dev, _ = _event_work(_Event(done=True), "d")
+    mixed = Work.combine([host, dev], "all_reduce_bucketed", 5.0, ["d", "h"])
+    assert mixed.wait() and mixed.result() == ["d", "h"] and mixed.get_future().wait() == ["d", "h"]
+    plain = Work.combine([Work((), None, None, 5.0, "op", "p")], "op", 5.0, ["q"])
+    assert plain.wait() and plain.result() == ["q"]
+
+
 # ---------------------------------------------------------------- the NCCL watchdog's bookkeeping
 
 

@@ -94,7 +94,7 @@ class CudaEventWork(Work):
                 pass
 
     @classmethod
-    def combine(cls, works: Sequence[Work], name: Any, timeout_s: float) -> Work:
+    def combine(cls, works: Sequence[Work], name: Any, timeout_s: float, result: Any = None) -> Work:
         """NCCL parts enqueued on one stream (all torch's or all CuPy's): the last part's event covers them all.
 
         Its result is the list of the parts' results, as for every combined
@@ -102,14 +102,13 @@ class CudaEventWork(Work):
         """
         parts = [w for w in works if isinstance(w, CudaEventWork)]
         if len(parts) != len(works) or len({p._torch for p in parts}) != 1:
-            merged = Work._merged(works, name, timeout_s, _MergedWithDevice)
+            merged = Work._merged(works, name, timeout_s, _MergedWithDevice, result)
             merged._device_parts = parts  # type: ignore[attr-defined]  # a _MergedWithDevice
             return merged
         last = parts[-1]
         captured = any(p._captured for p in parts)
-        return type(last)(
-            last._event, parts, timeout_s, name, [p._result for p in parts], last._index, last._torch, -1, captured
-        )
+        results = [p._result for p in parts] if result is None else result
+        return type(last)(last._event, parts, timeout_s, name, results, last._index, last._torch, -1, captured)
 
     def _current_stream(self) -> Any:
         cupy = require_cupy()
