@@ -55,7 +55,7 @@ from ..collectives import combine
 from ..ops import resolve_op
 from . import progress
 from .groups import Attached, detach
-from .ops import check_tensors, plain_op, reduce_op
+from .ops import check_same_dtype, check_tensors, plain_op, reduce_op, torch_error
 from .sparse import all_reduce_sparse
 from .work import HpcdistWork, done_work
 
@@ -206,11 +206,14 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         another rank may call this one with ``async_op=True``. Blocking calls (and calls inside a future's
         callback) wait here, on this thread.
         """
+        try:
+            hwork = start(self._hpg)
+        except (ValueError, TypeError) as exc:  # hpcdist's argument checks: no message moved; gloo's type too
+            raise torch_error(exc) from exc.__cause__
         if async_op and progress.PROGRESS.ident != _get_ident():
-            return HpcdistWork(start(self._hpg), result, name, self._timeout_s, self._g2l)
-        work = start(self._hpg)
-        if work is not None:
-            work.wait()
+            return HpcdistWork(hwork, result, name, self._timeout_s, self._g2l)
+        if hwork is not None:
+            hwork.wait()
         return done_work(result, name)
 
     def _many(self, name: str, async_op: bool, result: list[Any], starts: list[Callable[[Any], Any]]) -> Any:
@@ -328,6 +331,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: list[Any], opts: Any = None) -> Any:
         opts = opts or _c10d.AllreduceCoalescedOptions()
         check_tensors("all_reduce_coalesced", "tensors", tensors)
+        check_same_dtype("all_reduce_coalesced", "tensors", tensors)
         op = reduce_op("all_reduce_coalesced", opts.reduceOp, tensors[0].dtype)
         return self._go(
             "all_reduce_coalesced",
@@ -503,7 +507,11 @@ class HpcdistProcessGroup(dist.ProcessGroup):
     def _p2p(self, name: str, tensors: list[Any], start: Callable[[Any], Any]) -> Any:
         if len(tensors) != 1:
             raise ValueError(f"hpcdist backend: {name} takes exactly one tensor, got {len(tensors)}")
-        work = HpcdistWork(start(self._hpg), list(tensors), name, self._timeout_s, self._g2l)
+        try:
+            hwork = start(self._hpg)
+        except (ValueError, TypeError) as exc:  # as in _go
+            raise torch_error(exc) from exc.__cause__
+        work = HpcdistWork(hwork, list(tensors), name, self._timeout_s, self._g2l)
         if progress.PROGRESS.ident == _get_ident():  # inside a future's callback: complete it here
             work.wait()
         return work

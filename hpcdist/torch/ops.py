@@ -21,7 +21,16 @@ import torch
 
 from ..ops import RedOpType, ResolvedOp, resolve_op
 
-__all__ = ["SUPPORTED_DTYPES", "check_tensors", "plain_op", "reduce_op"]
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "BackendTypeError",
+    "BackendValueError",
+    "check_same_dtype",
+    "check_tensors",
+    "plain_op",
+    "reduce_op",
+    "torch_error",
+]
 
 SUPPORTED_DTYPES = (
     torch.bool,
@@ -42,8 +51,25 @@ _NAMES = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
 _LOGICAL = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.bool: "bool"}
 
 
+class BackendValueError(ValueError, RuntimeError):
+    """A bad argument to a backend call: hpcdist's ValueError, and the RuntimeError gloo raises there."""
+
+
+class BackendTypeError(TypeError, RuntimeError):
+    """A bad dtype (or mixed dtypes) in a backend call: hpcdist's TypeError, and gloo's RuntimeError."""
+
+
+def torch_error(exc: ValueError | TypeError) -> BaseException:
+    """``exc`` (an argument check of hpcdist's, raised before any message moved) as a RuntimeError too, as
+    torch's backends raise theirs (``except RuntimeError`` written for gloo catches it); message unchanged."""
+    if isinstance(exc, RuntimeError):
+        return exc
+    new = (BackendValueError if isinstance(exc, ValueError) else BackendTypeError)(*exc.args)
+    return new.with_traceback(exc.__traceback__)
+
+
 def _dtype_error(opname: str, argname: str, t: Any) -> TypeError:
-    return TypeError(
+    return BackendTypeError(
         f"hpcdist backend: {opname}: {argname} has dtype {t.dtype}, which hpcdist cannot communicate; "
         f"supported dtypes: {_NAMES}"
     )
@@ -60,6 +86,16 @@ def check_tensors(opname: str, argname: str, tensors: Any) -> None:
             raise _dtype_error(opname, argname, t)
 
 
+def check_same_dtype(opname: str, argname: str, tensors: Any) -> None:
+    """Raise :class:`BackendTypeError` unless every tensor of ``tensors`` has the first one's dtype (as gloo)."""
+    for i, t in enumerate(tensors[1:], 1):
+        if t.dtype != tensors[0].dtype:
+            raise BackendTypeError(
+                f"hpcdist backend: {opname}: {argname}[{i}] has dtype {t.dtype}, expected {tensors[0].dtype}; "
+                "the tensors of one coalesced call must all have the same dtype"
+            )
+
+
 def _logical(dtype: Any) -> str:
     name = _LOGICAL.get(dtype)
     return name if name is not None else str(dtype).removeprefix("torch.")
@@ -72,7 +108,7 @@ _CACHE: dict[tuple[Any, Any], Any] = {}
 def reduce_op(opname: str, op: Any, dtype: Any) -> Any:
     """torch's ``ReduceOp`` (or RedOpType) -> what :func:`hpcdist.all_reduce` takes as ``op``.
 
-    Raises ValueError naming the operation, the op, the dtype and what works.
+    Raises :class:`BackendValueError` (a ValueError and RuntimeError) naming the operation, the op, the dtype and what works.
     """
     kind = getattr(op, "op", op)
     value = int(kind)
@@ -82,7 +118,9 @@ def reduce_op(opname: str, op: Any, dtype: Any) -> Any:
     if value == RedOpType.PREMUL_SUM:
         factor = getattr(op, "factor", None)
         if factor is None:
-            raise ValueError(f"hpcdist backend: {opname}: ReduceOp.PREMUL_SUM needs a factor (_make_nccl_premul_sum)")
+            raise BackendValueError(
+                f"hpcdist backend: {opname}: ReduceOp.PREMUL_SUM needs a factor (_make_nccl_premul_sum)"
+            )
         if isinstance(factor, torch.Tensor):
             factor = factor.item()
         hop: Any = RedOpType.PREMUL_SUM(factor)
@@ -91,7 +129,7 @@ def reduce_op(opname: str, op: Any, dtype: Any) -> Any:
     try:
         checked: ResolvedOp = resolve_op(hop, _logical(dtype), "op")
     except (ValueError, TypeError) as exc:
-        raise ValueError(
+        raise BackendValueError(
             f"hpcdist backend: {opname} with ReduceOp.{RedOpType(value).name} on dtype {dtype}: {exc}. "
             "Supported: SUM, AVG, PREMUL_SUM on every dtype but bool (AVG/PREMUL_SUM; whole factors on integers); MIN, MAX, PRODUCT on "
             "real dtypes; BAND, BOR, BXOR on integer and bool dtypes"
