@@ -204,8 +204,7 @@ class DeviceMesh:
             return 0
         if isinstance(mesh_dim, str):
             if not self.mesh_dim_names or mesh_dim not in self.mesh_dim_names:
-                flat = f" or flattened names {tuple(self._root._flat)}" if self._root._flat else ""
-                raise KeyError(f"mesh dimension {mesh_dim!r} not in mesh_dim_names {self.mesh_dim_names}{flat}")
+                raise self._no_dim(mesh_dim, self._root._flat)
             return self.mesh_dim_names.index(mesh_dim)
         if not isinstance(mesh_dim, (int, np.integer)):
             raise TypeError(
@@ -215,6 +214,11 @@ class DeviceMesh:
         if not -self.ndim <= mesh_dim < self.ndim:
             raise IndexError(f"mesh_dim must be in 0..{self.ndim - 1} (or -{self.ndim}..-1), got {mesh_dim}")
         return int(mesh_dim) % self.ndim
+
+    def _no_dim(self, name: str, flattened: dict[str, DeviceMesh]) -> KeyError:
+        """The KeyError for a dimension name this mesh lacks (naming the ``flattened`` names it could reach)."""
+        flat = f" or flattened names {tuple(flattened)}" if flattened else ""
+        return KeyError(f"mesh dimension {name!r} not in mesh_dim_names {self.mesh_dim_names}{flat}")
 
     def _flattened(self, mesh_dim: Any) -> DeviceMesh | None:
         """The root's flattened mesh named ``mesh_dim`` (torch looks names up there too), or None."""
@@ -294,8 +298,7 @@ class DeviceMesh:
                 specs.append(root._flat[x]._spec[0])
                 groups.extend(root._flat[x]._groups)
             else:
-                flat = f" or flattened names {tuple(root._flat)}" if self is root and root._flat else ""
-                raise KeyError(f"mesh dimension {x!r} not in mesh_dim_names {self.mesh_dim_names}{flat}")
+                raise self._no_dim(x, root._flat if self is root else {})
         dims = [d for s in specs for d in s]
         if len(set(dims)) != len(dims) or dims != sorted(dims):
             raise KeyError(
@@ -351,7 +354,7 @@ class DeviceMesh:
                 f"a dimension named {name!r} was flattened from other dimensions of the root mesh before: "
                 "pass another mesh_dim_name"
             )
-        backend = backend_override[0] if isinstance(backend_override, tuple) else backend_override
+        backend = _backend_of(backend_override)
         parse_backend(backend)  # a bad name fails here, before the split
         world = default_pg()
         if root.mesh.size != world.size():
@@ -465,6 +468,12 @@ def _check_device_type(device_type: Any) -> None:
         raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
 
 
+def _backend_of(value: Any) -> Any:
+    """The backend of a ``backend_override`` entry: a backend, or torch's ``(backend, options)`` pair (options are
+    not used)."""
+    return value[0] if isinstance(value, tuple) else value
+
+
 def _backends(override: Any, ndim: int, dim_of: Any) -> list[Any]:
     """``backend_override`` as one backend (or None) per dimension.
 
@@ -481,7 +490,7 @@ def _backends(override: Any, ndim: int, dim_of: Any) -> list[Any]:
                 f"backend_override should have the same length as the number of mesh dimensions ({ndim}), "
                 f"got {len(override)}: {override!r}"
             )
-        out = [value[0] if isinstance(value, tuple) else value for value in override]
+        out = [_backend_of(value) for value in override]
         for backend in out:
             parse_backend(backend)  # a bad name fails here, before any group is split
         return out
@@ -491,7 +500,7 @@ def _backends(override: Any, ndim: int, dim_of: Any) -> list[Any]:
             f"per dimension, got {override!r}"
         )
     for key, value in override.items():
-        backend = value[0] if isinstance(value, tuple) else value  # (backend, options): options are not used
+        backend = _backend_of(value)
         parse_backend(backend)  # a bad name fails here, before any group is split
         d = dim_of(key)
         if out[d] is not None:

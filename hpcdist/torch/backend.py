@@ -206,15 +206,20 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         another rank may call this one with ``async_op=True``. Blocking calls (and calls inside a future's
         callback) wait here, on this thread.
         """
-        try:
-            hwork = start(self._hpg)
-        except (ValueError, TypeError) as exc:  # hpcdist's argument checks: no message moved; gloo's type too
-            raise torch_error(exc) from exc.__cause__
+        hwork = self._start(start)
         if async_op and progress.PROGRESS.ident != _get_ident():
             return HpcdistWork(hwork, result, name, self._timeout_s, self._g2l)
         if hwork is not None:
             hwork.wait()
         return done_work(result, name)
+
+    def _start(self, start: Callable[[Any], Any]) -> Any:
+        """``start(hpcdist_group)``; hpcdist's argument errors (raised before any message moved) also as the
+        RuntimeError gloo raises there (:func:`~hpcdist.torch.ops.torch_error`)."""
+        try:
+            return start(self._hpg)
+        except (ValueError, TypeError) as exc:
+            raise torch_error(exc) from exc.__cause__
 
     def _many(self, name: str, async_op: bool, result: list[Any], starts: list[Callable[[Any], Any]]) -> Any:
         """Several hpcdist calls as one Work (the coalesced and multi-tensor forms)."""
@@ -507,10 +512,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
     def _p2p(self, name: str, tensors: list[Any], start: Callable[[Any], Any]) -> Any:
         if len(tensors) != 1:
             raise ValueError(f"hpcdist backend: {name} takes exactly one tensor, got {len(tensors)}")
-        try:
-            hwork = start(self._hpg)
-        except (ValueError, TypeError) as exc:  # as in _go
-            raise torch_error(exc) from exc.__cause__
+        hwork = self._start(start)
         work = HpcdistWork(hwork, list(tensors), name, self._timeout_s, self._g2l)
         if progress.PROGRESS.ident == _get_ident():  # inside a future's callback: complete it here
             work.wait()

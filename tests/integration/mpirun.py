@@ -69,25 +69,24 @@ def run_limited(cmd: list[str], env: dict[str, str], limit: float, cwd: Path | N
         out, err = proc.communicate(timeout=limit)
         timed_out = False
     except subprocess.TimeoutExpired:
-        snapshot = processes_under(proc.pid)  # what was still running, and where it waited
-        python_tracebacks(proc.pid)
-        under = [pid for pid, *_ in _processes(proc.pid)]
+        rows = _processes(proc.pid)  # what was still running, and where it waited
+        python_tracebacks(rows)
         os.killpg(proc.pid, signal.SIGKILL)
-        for pid in under:  # Hydra's proxies and their ranks run in sessions of their own
+        for pid, *_ in rows:  # Hydra's proxies and their ranks run in sessions of their own
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate()
-        err += snapshot
+        err += processes_report(rows)
         timed_out = True
     return Result(proc.returncode, out, err, time.monotonic() - t0, timed_out)
 
 
-def python_tracebacks(root: int, grace: float = 2.0) -> None:
-    """Make the Python processes under ``root`` that run with ``PYTHONFAULTHANDLER=1`` (:func:`run_mpi` sets it)
+def python_tracebacks(rows: list[tuple[int, list[str], str, str]], grace: float = 2.0) -> None:
+    """Make the Python processes of ``rows`` (:func:`_processes`) that run with ``PYTHONFAULTHANDLER=1`` (:func:`run_mpi` sets it)
     print where every thread of theirs is: SIGABRT, which faulthandler turns into tracebacks on stderr even in a
     process stuck in C with the GIL held. Gives them ``grace`` seconds to do it."""
     hit = False
-    for pid, _fields, _wchan, cmd in _processes(root):
+    for pid, _fields, _wchan, cmd in rows:
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 faulthandler = b"\0PYTHONFAULTHANDLER=1\0" in b"\0" + f.read()
@@ -127,15 +126,14 @@ def _processes(root: int) -> list[tuple[int, list[str], str, str]]:
     return [(pid, *table[pid]) for pid in sorted(keep) if pid in table]
 
 
-def processes_under(root: int) -> str:
-    """``root`` and the processes it started (a launch that outlived its limit), each with its state, the kernel
-    function it sleeps in and its command line: a report for the failing test's message ("" where /proc is
-    missing)."""
-    rows = [f"  pid {pid} ppid {f[1]} state {f[0]} wchan {wchan}: {cmd}" for pid, f, wchan, cmd in _processes(root)]
-    if not rows:
+def processes_report(rows: list[tuple[int, list[str], str, str]]) -> str:
+    """The processes of ``rows`` (:func:`_processes`: a launch that outlived its limit), each with its state, the
+    kernel function it sleeps in and its command line: a report for the failing test's message ("" for none)."""
+    lines = [f"  pid {pid} ppid {f[1]} state {f[0]} wchan {wchan}: {cmd}" for pid, f, wchan, cmd in rows]
+    if not lines:
         return ""
     return (
         "\n--- processes of the launch at its time limit (tracebacks above from those with PYTHONFAULTHANDLER=1) ---\n"
-        + "\n".join(rows)
+        + "\n".join(lines)
         + "\n"
     )

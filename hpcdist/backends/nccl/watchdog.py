@@ -119,7 +119,11 @@ class Guard:
                 self._proc.stdin.close()
             except OSError:
                 pass
-        self._proc.wait()
+        try:
+            self._proc.wait(timeout=10.0)  # it exits at the end of its input (or ends its target within 3 s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
 
 
 def _timeout_report(what: Any, limit: float, how: str = "the job (MPI_Abort)") -> str:
