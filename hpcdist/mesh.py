@@ -3,7 +3,11 @@
 SPMD contract: every rank of the world calls :func:`init_device_mesh` (or
 builds a :class:`DeviceMesh`) with the same shape and names; it creates one
 group per slice of every dimension (one ``MPI_Comm_split`` per dimension),
-collectively, in the same order on every rank. Every split first compares a
+collectively, in the same order on every rank. A mesh may hold part of the
+world (as torch's): the ranks outside it take part in the splits, get no
+coordinate (``get_coordinate()`` is None) and ``GroupMember.NON_GROUP_MEMBER``
+as their groups, so collectives on them do nothing there, as on any group a
+rank is not in. Every split first compares a
 checksum of the whole mesh across the ranks, so ranks given different meshes
 (another shape, another number of dimensions) all raise the same ValueError
 before any group is made.
@@ -24,7 +28,7 @@ import numpy as np
 
 from ._world import WORLD, not_initialized
 from .backends import parse_backend
-from .group import ProcessGroup, _check_timeout, _split_many, default_pg
+from .group import GroupMember, ProcessGroup, _check_timeout, _split_many, default_pg
 
 __all__ = ["DeviceMesh", "init_device_mesh"]
 
@@ -39,7 +43,8 @@ class DeviceMesh:
 
     Args:
         device_type: ``"cpu"`` or ``"cuda"`` (``"cuda:N"`` too), the arrays the mesh's groups move.
-        mesh: an n-d array (or nested lists, or an integer tensor) holding every global rank exactly once.
+        mesh: an n-d array (or nested lists, or an integer tensor) of distinct global ranks: every rank of the
+            world, or some of them (the others are not part of the mesh: no coordinate, no groups).
         mesh_dim_names: one name per dimension, for ``get_group("dp")`` and ``mesh["dp"]``.
         backend_override: a backend for some dimensions' groups (default: the default group's), as
             ``{dimension index or name: backend}`` or, as torch's ``DeviceMesh``, one ``(backend, options)``
@@ -47,7 +52,8 @@ class DeviceMesh:
 
     Raises:
         TypeError: ``mesh`` holds other than ints (floats, bools), ``device_type`` is not a string.
-        ValueError: ``mesh`` is ragged or does not hold every global rank exactly once; bad
+        RuntimeError: ``mesh`` holds more ranks than the world (torch's).
+        ValueError: ``mesh`` is ragged, repeats a rank or holds one outside the world; bad
             ``mesh_dim_names`` or ``backend_override``.
     """
 
@@ -65,12 +71,10 @@ class DeviceMesh:
         arr = _rank_array(mesh)
         if arr.ndim == 0:
             raise ValueError("mesh must have at least one dimension")
-        flat = sorted(arr.reshape(-1).tolist())
-        if flat != list(range(world.size())):
-            raise ValueError(
-                f"mesh must hold every global rank 0..{world.size() - 1} exactly once, got {arr.reshape(-1).tolist()}"
-            )
-        self._fill(device_type, arr, mesh_dim_names, [], [int(c) for c in np.argwhere(arr == world.rank())[0]])
+        _check_ranks(arr, world.size())
+        where = np.argwhere(arr == world.rank())
+        coord = [int(c) for c in where[0]] if len(where) else None
+        self._fill(device_type, arr, mesh_dim_names, [], coord)
         if _init_backend:
             backends = _backends(backend_override, arr.ndim, self._dim)
             tmo = _check_timeout(None)
@@ -79,15 +83,15 @@ class DeviceMesh:
                 desc = f"mesh_{self.mesh_dim_names[dim]}" if self.mesh_dim_names else f"mesh_dim_{dim}"
                 lists = _rows(arr, (dim,))
                 mine, _ = _split_many(world, lists, tmo, backends[dim], desc, "init_device_mesh", given=shown)
-                self._groups.append(mine)
+                self._groups.append(GroupMember.NON_GROUP_MEMBER if mine is None else mine)
 
     def _fill(
         self,
         device_type: str,
         arr: np.ndarray,
         names: tuple[str, ...] | None,
-        groups: list[ProcessGroup],
-        coord: list[int],
+        groups: list[Any],
+        coord: list[int] | None,
     ) -> None:
         if names is not None and (
             not isinstance(names, (tuple, list))
@@ -227,8 +231,9 @@ class DeviceMesh:
         return None
 
     # groups and coordinates
-    def get_group(self, mesh_dim: int | str | None = None) -> ProcessGroup:
-        """The group along ``mesh_dim`` that contains this rank.
+    def get_group(self, mesh_dim: int | str | None = None) -> Any:
+        """The group along ``mesh_dim`` that contains this rank (``GroupMember.NON_GROUP_MEMBER`` on a rank outside
+        the mesh, as ``new_group`` returns there: collectives on it do nothing).
 
         Args:
             mesh_dim: a dimension index or name, or the name of a dimension flattened from the root mesh
@@ -242,7 +247,7 @@ class DeviceMesh:
             raise RuntimeError("this DeviceMesh was built with _init_backend=False: it has no process groups")
         return self._groups[dim]
 
-    def get_all_groups(self) -> list[ProcessGroup]:
+    def get_all_groups(self) -> list[Any]:
         """This rank's group along each dimension, in dimension order."""
         return list(self._groups)
 
@@ -254,13 +259,26 @@ class DeviceMesh:
                 (None: the only dimension of a 1-d mesh).
         """
         flat = self._flattened(mesh_dim)
-        if flat is not None:
-            return flat._coord[0]
-        return self._coord[self._dim(mesh_dim)]
+        mesh = self if flat is None else flat
+        dim = 0 if flat is not None else self._dim(mesh_dim)
+        if mesh._coord is None:
+            raise mesh._not_part("get_local_rank")
+        return mesh._coord[dim]
 
-    def get_coordinate(self) -> tuple[int, ...]:
-        """This rank's coordinate along every dimension (a tuple, as torch 2.13's)."""
-        return tuple(self._coord)
+    def get_coordinate(self) -> tuple[int, ...] | None:
+        """This rank's coordinate along every dimension (a tuple, as torch 2.13's), or None on a rank outside the
+        mesh."""
+        return None if self._coord is None else tuple(self._coord)
+
+    def _is_current_rank_part_of_mesh(self) -> bool:
+        """Whether this rank is in the mesh (torch's name, which DTensor asks)."""
+        return self._coord is not None
+
+    def _not_part(self, what: str) -> RuntimeError:
+        return RuntimeError(
+            f"{what}: global rank {self.get_rank()} is not part of this mesh {self.mesh.tolist()} "
+            "(get_coordinate() is None there)"
+        )
 
     def get_rank(self) -> int:
         """This process's global rank."""
@@ -288,7 +306,7 @@ class DeviceMesh:
             return self
         root = self._root
         specs: list[tuple[int, ...]] = []
-        groups: list[ProcessGroup] = []
+        groups: list[Any] = []
         for x in wanted:
             if x in self.mesh_dim_names:
                 i = self.mesh_dim_names.index(x)
@@ -306,11 +324,20 @@ class DeviceMesh:
                 f"{self.mesh_dim_names}"
             )
         full = root.mesh.shape
-        index: list[Any] = list(root._coord)
+        if root._coord is None and any(full[d] != 1 for d in range(len(full)) if d not in dims):
+            raise RuntimeError(  # torch's: there is no row of the other dimensions to take
+                f"cannot slice {wanted} out of a mesh this rank is not part of (global rank {self.get_rank()}, mesh "
+                f"{root.mesh.tolist()}): the sub-mesh is one of several; slice on the mesh's ranks only"
+            )
+        index: list[Any] = list(root._coord) if root._coord is not None else [0] * len(full)
         for d in dims:
             index[d] = slice(None)
         sizes = [int(np.prod([full[d] for d in s])) for s in specs]
-        coord = [int(np.ravel_multi_index([root._coord[d] for d in s], [full[d] for d in s])) for s in specs]
+        coord = (
+            None
+            if root._coord is None
+            else [int(np.ravel_multi_index([root._coord[d] for d in s], [full[d] for d in s])) for s in specs]
+        )
         sub = DeviceMesh.__new__(DeviceMesh)
         sub._fill(self.device_type, root.mesh[tuple(index)].reshape(sizes), wanted, groups, coord)
         sub._root, sub._spec = root, specs
@@ -357,14 +384,10 @@ class DeviceMesh:
         backend = _backend_of(backend_override)
         parse_backend(backend)  # a bad name fails here, before the split
         world = default_pg()
-        if root.mesh.size != world.size():
-            raise ValueError(
-                f"_flatten needs a mesh over every rank of the world ({world.size()}); this mesh's root holds "
-                f"{root.mesh.reshape(-1).tolist()}"
-            )
         lists = _rows(root.mesh, spec)
         me = world.rank()
-        row = next(r for r in lists if me in r)
+        # a rank outside the mesh has a sub-mesh only where it is the only one (see __getitem__): one row
+        row = next((r for r in lists if me in r), lists[0])
         mine, _ = _split_many(
             world,
             lists,
@@ -375,7 +398,11 @@ class DeviceMesh:
             given=(root.mesh.tolist(), spec),
         )
         out = DeviceMesh.__new__(DeviceMesh)
-        out._fill(self.device_type, np.asarray(row, dtype=np.int64), (name,), [mine], [row.index(me)])
+        member = me in row
+        groups = [mine if member else GroupMember.NON_GROUP_MEMBER]
+        out._fill(
+            self.device_type, np.asarray(row, dtype=np.int64), (name,), groups, [row.index(me)] if member else None
+        )
         out._root, out._spec = root, [spec]
         root._flat[name] = out
         return out
@@ -440,6 +467,17 @@ def _rank_array(mesh: Any) -> np.ndarray:
         raise ValueError(
             f"mesh must be a rectangular n-d grid of global ranks (rows of one length), got {raw!r}"
         ) from exc
+
+
+def _check_ranks(arr: np.ndarray, world: int) -> None:
+    """A mesh's ranks: distinct global ranks, at most the world's (RuntimeError above it, as torch)."""
+    flat = arr.reshape(-1).tolist()
+    if len(flat) > world:
+        raise RuntimeError(
+            f"a mesh cannot be bigger than the default world: it holds {len(flat)} ranks, the world {world}"
+        )
+    if len(set(flat)) != len(flat) or not all(0 <= r < world for r in flat):
+        raise ValueError(f"mesh must hold distinct global ranks, each in 0..{world - 1}, got {flat}")
 
 
 def _leaves(x: Any) -> Iterator[Any]:
@@ -519,7 +557,9 @@ def init_device_mesh(
     """A :class:`DeviceMesh` of ``mesh_shape`` over the world's ranks in row-major order.
 
     Collective over the world: every rank calls it with the same arguments.
-    ``prod(mesh_shape)`` must equal the world size.
+    ``prod(mesh_shape)`` may be below the world size, as in torch: the mesh
+    then holds the ranks ``0..prod(mesh_shape) - 1`` and the others are not
+    part of it (:meth:`DeviceMesh.get_coordinate` is None there).
 
     Args:
         device_type: ``"cpu"`` or ``"cuda"`` (``"cuda:N"`` too), the arrays the mesh's groups move.
@@ -536,8 +576,7 @@ def init_device_mesh(
         TypeError: ``mesh_shape`` is not a sequence of ints; ``device_type`` is not a string.
         RuntimeError: ``mesh_dim_names`` repeats a name or has another length than ``mesh_shape``;
             ``prod(mesh_shape)`` above the world size (torch's).
-        ValueError: a size below 1, ``prod(mesh_shape)`` below the world size (torch allows it, hpcdist
-            does not), a bad ``backend_override``.
+        ValueError: a size below 1, a bad ``backend_override``.
     """
     world = default_pg()
     if not isinstance(mesh_shape, (tuple, list)) or any(
@@ -560,11 +599,5 @@ def init_device_mesh(
             f"mesh_shape {tuple(mesh_shape)} holds {ranks} ranks, more than the world's {world.size()}: a mesh "
             "cannot be bigger than the default world"
         )
-    if ranks < world.size():  # torch builds such a mesh (ranks outside get no coordinate); hpcdist does not
-        raise ValueError(
-            f"mesh_shape {tuple(mesh_shape)} holds {ranks} ranks but the world has {world.size()}: hpcdist's meshes "
-            "span the whole world (a mesh over part of it is not supported; make a group with new_group and "
-            "DeviceMesh.from_group)"
-        )
-    mesh = np.arange(world.size(), dtype=np.int64).reshape(tuple(mesh_shape))
+    mesh = np.arange(ranks, dtype=np.int64).reshape(tuple(mesh_shape))
     return DeviceMesh(device_type, mesh, mesh_dim_names=mesh_dim_names, backend_override=backend_override)

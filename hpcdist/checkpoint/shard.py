@@ -119,14 +119,19 @@ class Shard:
         Returns:
             The box this rank holds. Ranks that differ only along replicated
             mesh dimensions hold the same box; a checkpoint writes it once.
+            A rank outside the mesh holds an empty box (as DTensor's local
+            shard there is empty).
         """
         g = tuple(int(x) for x in global_shape)
-        coord = list(mesh.get_coordinate())
         shape = list(mesh.shape)
         if len(placements) != len(shape):
             raise ValueError(
                 f"placements must have one entry per mesh dimension ({len(shape)}), got {len(placements)}: {placements!r}"
             )
+        where = mesh.get_coordinate()
+        if where is None:  # not part of the mesh
+            return cls(g, (0,) * len(g), (0,) * len(g))
+        coord = list(where)
         offsets = [0] * len(g)
         sizes = list(g)
         for mdim, p in enumerate(placements):

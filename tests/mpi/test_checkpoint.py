@@ -221,6 +221,24 @@ def test_mesh_placements_replicas_written_once(ckdir):
     assert np.array_equal(local, ref[sh2.slices()])
 
 
+def test_mesh_over_part_of_the_world_saves_the_members_boxes(ckdir):
+    """A mesh over all ranks but the last: the members' boxes make the whole array, the rank outside holds an
+    empty box and writes nothing, and every rank loads the whole array back."""
+    n = dist.get_world_size()
+    if n < 2:
+        pytest.skip("needs at least 2 ranks")
+    mesh = dist.init_device_mesh("cpu", (n - 1,))
+    shape = (6, 4)
+    ref = _global(shape, np.float32)
+    sh = ck.Shard.from_mesh(shape, mesh, [("shard", 0)])
+    assert (sh.sizes == (0, 0)) is (dist.get_rank() == n - 1)
+    path = ckdir / "part"
+    ck.save({"w": ck.Sharded(ref[sh.slices()].copy(), sh)}, path)
+    whole = np.zeros(shape, np.float32)
+    ck.load({"w": whole}, path)
+    assert np.array_equal(whole, ref)
+
+
 def test_flipped_byte_names_file_and_key(ckdir):
     r = dist.get_rank()
     state = {"good": _global(64), "model": {"weight": _global((32, 16), np.float32)}}

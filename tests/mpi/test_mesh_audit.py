@@ -281,25 +281,87 @@ def test_group_desc_names_the_dimension():
             assert plain.get_group(dim).group_desc == f"mesh_dim_{dim}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known (docs/migration.md): hpcdist's meshes span the whole world; a mesh over part of it needs "
-    "non-member meshes (coordinate None, no groups) through DeviceMesh and Shard.from_mesh",
-)
 def test_mesh_over_part_of_the_world():
     """SUSPECT: torch builds a mesh smaller than the world (4 ranks, ``init_device_mesh("cpu", (2,))``: ranks 0-1
-    get coordinates (0,), (1,), ranks 2-3 ``None``); hpcdist raises ValueError."""
+    get coordinates (0,), (1,), ranks 2-3 ``None``); hpcdist raised ValueError. Fixed: the ranks outside take part
+    in the split and get ``NON_GROUP_MEMBER`` (collectives on it do nothing there, with new_group's warning)."""
     n = dist.get_world_size()
     if n < 2:
         pytest.skip("needs at least 2 ranks")
     mesh = dist.init_device_mesh("cpu", (n - 1,))
     me = dist.get_rank()
-    assert mesh.get_coordinate() == ((me,) if me < n - 1 else None)
+    member = me < n - 1
+    assert mesh.get_coordinate() == ((me,) if member else None)
+    assert mesh._is_current_rank_part_of_mesh() is member and mesh.mesh.tolist() == list(range(n - 1))
+    if member:
+        assert _sum(mesh.get_group()) == sum(range(n - 1)) and mesh.get_local_rank() == me
+        assert _sum(mesh) == sum(range(n - 1))  # a 1-d mesh as group=
+    else:
+        _no_group_here(mesh.get_group())
+        _no_group_here(mesh)
+        with pytest.raises(RuntimeError, match="not part of this mesh"):
+            mesh.get_local_rank()
+    assert _sum(None) == sum(range(n))  # every rank is still in step on the world
+
+
+def _no_group_here(group: object) -> None:
+    """A rank outside a mesh: its group is NON_GROUP_MEMBER and a collective on it leaves the array alone."""
+    x = np.array([-1.0])
+    with pytest.warns(UserWarning, match="does not belong"):
+        assert dist.all_reduce(x, group=group) is None
+    assert x[0] == -1.0
+
+
+def test_mesh_over_scattered_ranks_of_part_of_the_world_matches_numpy():
+    """SUSPECT (same finding): a 2-d ``DeviceMesh`` over some ranks in a shuffled order. Each member's group along
+    each dimension sums its row of the grid (NumPy's), its local rank is its coordinate; a slice is one of the
+    members' rows; ``_flatten`` over all of it sums every member; ``Shard.from_mesh`` is the member's box and empty
+    outside (DTensor's empty local shard). A rank outside can slice only where the sub-mesh is unique (torch raises
+    RuntimeError otherwise)."""
+    from hpcdist import checkpoint as ck
+
+    n = dist.get_world_size()
+    if n < 2:
+        pytest.skip("needs at least 2 ranks")
+    members = [r for r in range(n) if r != 1][::-1]
+    k = len(members)
+    shape = (k, 1) if k % 2 else (k // 2, 2)
+    grid = np.array(members).reshape(shape)
+    mesh = dist.DeviceMesh("cpu", grid, mesh_dim_names=("dp", "tp"))
+    me = dist.get_rank()
+    member = me in members
+    coord = _coord(grid) if member else None
+    assert mesh.get_coordinate() == (tuple(coord) if coord else None)
+    for d, name in enumerate(("dp", "tp")):
+        if coord:
+            row = _row(grid, coord, (d,))
+            assert _sum(mesh.get_group(name)) == sum(row) and mesh.get_local_rank(name) == coord[d]
+            sub = mesh[name]
+            assert sub.mesh.tolist() == row and sub.get_group() is mesh.get_group(name)
+        else:
+            _no_group_here(mesh.get_group(name))
+            if shape[1 - d] == 1:  # one sub-mesh along this dimension: a rank outside gets it, uncoordinated
+                sub = mesh[name]
+                assert sub.mesh.tolist() == grid.reshape(-1).tolist() and sub.get_coordinate() is None
+            else:
+                with pytest.raises(RuntimeError, match="not part of"):
+                    mesh[name]
+    flat = mesh._flatten("all")
+    assert flat.mesh.tolist() == grid.reshape(-1).tolist() and mesh.get_group("all") is flat.get_group()
+    if member:
+        assert _sum(flat.get_group()) == sum(members) and flat.get_local_rank() == flat.mesh.tolist().index(me)
+    else:
+        _no_group_here(flat.get_group())
+        assert flat.get_coordinate() is None
+    box = ck.Shard.from_mesh((6, 4), mesh, [("shard", 0), "replicate"])
+    want = ck.Shard.even((6, 4), 0, coord[0], shape[0]) if coord else ck.Shard((6, 4), (0, 0), (0, 0))
+    assert box == want
+    assert _sum(None) == sum(range(n))
 
 
 def test_mesh_larger_than_the_world_raises_runtime_error():
     """SUSPECT: torch raises RuntimeError "Mesh should not be bigger than default world size 4, but found 8
-    ranks!"; hpcdist raised ValueError. Fixed (a mesh smaller than the world stays a ValueError: see above)."""
+    ranks!"; hpcdist raised ValueError. Fixed (a mesh smaller than the world is built: see above)."""
     n = dist.get_world_size()
     with pytest.raises(RuntimeError, match="world"):
         dist.init_device_mesh("cpu", (n + 1,))
@@ -358,7 +420,8 @@ def test_guard_bad_arguments_raise_before_any_message_moves(monkeypatch):
                 lambda: dist.init_device_mesh("cpu", (n,), mesh_dim_names=("a",), backend_override={"nope": "mpi"}),
             ),
             (Exception, "device_type", lambda: dist.init_device_mesh("tpu", (n,))),
-            (ValueError, "exactly once", lambda: dist.DeviceMesh("cpu", [0] * (n + 1))),
+            (RuntimeError, "bigger than", lambda: dist.DeviceMesh("cpu", [0] * (n + 1))),
+            (ValueError, "distinct global ranks", lambda: dist.DeviceMesh("cpu", [n])),
             (Exception, "mesh_shape", lambda: dist.init_device_mesh("cpu", (0, n))),
         ]
         for kind, words, call in bad:
