@@ -133,7 +133,7 @@ def _shape(shape: Any, i: int) -> tuple[int, ...]:
         raise TypeError(f"shapes[{i}] must be an int or a tuple of ints, got {shape!r}") from None
 
 
-def _check_cap(cap: Any, argname: str, unit: str) -> float:
+def _check_cap(cap: Any, argname: str, unit: str) -> int | float:
     """``cap`` (argument ``argname``, a bucket cap in ``unit``) as a Python int or float if it is a finite real
     number > 0, else ValueError. Integers stay exact ints (a NumPy integer would wrap around when scaled, a
     huge Python one overflow a float)."""

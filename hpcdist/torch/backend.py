@@ -55,7 +55,7 @@ from ..collectives import combine
 from ..ops import resolve_op
 from . import progress
 from .groups import Attached, detach
-from .ops import check_same_dtype, check_tensors, plain_op, reduce_op, torch_error
+from .ops import BackendValueError, check_same_dtype, check_tensors, plain_op, reduce_op, torch_error
 from .sparse import all_reduce_sparse
 from .work import HpcdistWork, done_work
 
@@ -511,7 +511,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
 
     def _p2p(self, name: str, tensors: list[Any], start: Callable[[Any], Any]) -> Any:
         if len(tensors) != 1:
-            raise ValueError(f"hpcdist backend: {name} takes exactly one tensor, got {len(tensors)}")
+            raise BackendValueError(f"hpcdist backend: {name} takes exactly one tensor, got {len(tensors)}")
         hwork = self._start(start)
         work = HpcdistWork(hwork, list(tensors), name, self._timeout_s, self._g2l)
         if progress.PROGRESS.ident == _get_ident():  # inside a future's callback: complete it here

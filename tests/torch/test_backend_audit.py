@@ -208,6 +208,13 @@ def batch_self(r: int, n: int) -> Any:
 
 
 @scenario
+def send_two_tensors(r: int, n: int) -> Any:
+    """A backend's send takes one tensor: both raise a RuntimeError before any message (hpcdist's ValueError too)."""
+    pg = dist.distributed_c10d._get_default_group()
+    pg.send([_base(r, (2,)), _base(r, (2,))], (r + 1) % n, 0)
+
+
+@scenario
 def send_recv_tags(r: int, n: int) -> Any:
     if r == 0:
         a = dist.isend(_base(0, (2,)), 1, tag=7)
