@@ -134,6 +134,17 @@ def count(xml: Path) -> tuple[int, int, int]:
     return (tests - failed - skipped, failed, skipped)
 
 
+def slowest(xml: Path, k: int = 5) -> list[tuple[float, str]]:
+    """The ``k`` slowest tests of a JUnit XML file, (seconds, name), slowest first (for trimming CI time)."""
+    if not xml.exists():
+        return []
+    cases = [
+        (float(c.get("time", 0) or 0), f"{c.get('classname', '')}::{c.get('name', '')}")
+        for c in ET.parse(xml).getroot().iter("testcase")
+    ]
+    return sorted(cases, reverse=True)[:k]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="", help="comma-separated stage names (prefix match)")
@@ -183,6 +194,8 @@ def main() -> int:
                 tot[1] += f
                 tot[2] += s
                 print(f"===== stage {name}: rc={rc} {p} passed, {f} failed, {s} skipped in {dt:.0f}s", flush=True)
+                for secs, test in slowest(xml):
+                    print(f"      {secs:7.1f}s  {test}", flush=True)
             else:
                 print(f"===== stage {name}: rc={rc} in {dt:.0f}s", flush=True)
             if rc != 0:
