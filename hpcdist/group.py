@@ -524,6 +524,22 @@ def _tag_for(ranks: list[int]) -> int:
     return h
 
 
+def _agree(parent: ProcessGroup, shown: Any, limit: float, what: str) -> None:
+    """Every rank of ``parent`` shows the others a checksum of ``shown`` (the groups it was asked to make): one
+    polled ``MPI_Iallgather`` within ``limit`` seconds, as cheap as a barrier. Ranks given different ones all raise
+    the same ValueError, naming the ranks that differ from group rank 0."""
+    digests = np.empty(parent._size, dtype=np.int64)
+    digest = np.array([zlib.crc32(repr(shown).encode())], dtype=np.int64)
+    wait_or_raise(parent._comm, [parent._comm.Iallgather(digest, digests)], limit, what, GROUP_HINT)
+    differ = [r for r, d in enumerate(digests.tolist()) if d != digests[0]]
+    if differ:
+        raise ValueError(
+            f"{what}: the ranks were given different groups to make: group rank(s) {differ} passed other rank lists "
+            f"than group rank 0 (this rank, group rank {parent.rank()}, passed {shown!r:.200}); every rank "
+            "must pass the same mesh / rank lists"
+        )
+
+
 def _split_many(
     parent: ProcessGroup,
     lists: list[list[int]],
@@ -550,17 +566,7 @@ def _split_many(
         if me in lst:
             color, key = i, lst.index(me)
     limit = timeout.total_seconds()
-    shown = lists if given is None else given
-    digests = np.empty(parent._size, dtype=np.int64)  # one polled MPI_Iallgather, as cheap as the barrier it replaces
-    digest = np.array([zlib.crc32(repr(shown).encode())], dtype=np.int64)
-    wait_or_raise(parent._comm, [parent._comm.Iallgather(digest, digests)], limit, what, GROUP_HINT)
-    differ = [r for r, d in enumerate(digests.tolist()) if d != digests[0]]
-    if differ:
-        raise ValueError(
-            f"{what}: the ranks were given different groups to make: group rank(s) {differ} passed other rank lists "
-            f"than group rank 0 (this rank, group rank {parent.rank()}, passed {shown!r:.200}); every rank "
-            "must pass the same mesh / rank lists"
-        )
+    _agree(parent, lists if given is None else given, limit, what)
     comm = watched(lambda: _new_comm(lambda: parent._comm.Split(color, key), what), limit, what)
     out: list[Any] = []
     mine: Any = None

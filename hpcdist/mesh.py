@@ -28,7 +28,7 @@ import numpy as np
 
 from ._world import WORLD, not_initialized
 from .backends import parse_backend
-from .group import GroupMember, ProcessGroup, _check_timeout, _split_many, default_pg
+from .group import GroupMember, ProcessGroup, _agree, _check_timeout, _split_many, default_pg
 
 __all__ = ["DeviceMesh", "init_device_mesh"]
 
@@ -82,8 +82,7 @@ class DeviceMesh:
             for dim in range(arr.ndim):
                 desc = f"mesh_{self.mesh_dim_names[dim]}" if self.mesh_dim_names else f"mesh_dim_{dim}"
                 lists = _rows(arr, (dim,))
-                mine, _ = _split_many(world, lists, tmo, backends[dim], desc, "init_device_mesh", given=shown)
-                self._groups.append(GroupMember.NON_GROUP_MEMBER if mine is None else mine)
+                self._groups.append(_dim_group(world, lists, tmo, backends[dim], desc, "init_device_mesh", shown))
 
     def _fill(
         self,
@@ -388,21 +387,11 @@ class DeviceMesh:
         me = world.rank()
         # a rank outside the mesh has a sub-mesh only where it is the only one (see __getitem__): one row
         row = next((r for r in lists if me in r), lists[0])
-        mine, _ = _split_many(
-            world,
-            lists,
-            _check_timeout(None),
-            backend,
-            f"mesh_{name}",
-            "DeviceMesh._flatten",
-            given=(root.mesh.tolist(), spec),
-        )
+        shown = (root.mesh.tolist(), spec)
+        group = _dim_group(world, lists, _check_timeout(None), backend, f"mesh_{name}", "DeviceMesh._flatten", shown)
         out = DeviceMesh.__new__(DeviceMesh)
-        member = me in row
-        groups = [mine if member else GroupMember.NON_GROUP_MEMBER]
-        out._fill(
-            self.device_type, np.asarray(row, dtype=np.int64), (name,), groups, [row.index(me)] if member else None
-        )
+        coord = [row.index(me)] if me in row else None
+        out._fill(self.device_type, np.asarray(row, dtype=np.int64), (name,), [group], coord)
         out._root, out._spec = root, [spec]
         root._flat[name] = out
         return out
@@ -467,6 +456,24 @@ def _rank_array(mesh: Any) -> np.ndarray:
         raise ValueError(
             f"mesh must be a rectangular n-d grid of global ranks (rows of one length), got {raw!r}"
         ) from exc
+
+
+def _dim_group(
+    world: ProcessGroup, lists: list[list[int]], tmo: Any, backend: Any, desc: str, what: str, shown: Any
+) -> Any:
+    """This rank's group along one mesh dimension whose groups are ``lists`` (collective over the world).
+
+    A dimension that is the whole world in rank order, with no backend
+    override, is the default group itself, as in torch (no new communicator,
+    nor a second NCCL one on GPUs): the ranks still compare ``shown``, so ranks
+    given different meshes raise rather than some splitting alone. Otherwise
+    one split; a rank in none of the lists gets ``NON_GROUP_MEMBER``.
+    """
+    if backend is None and len(lists) == 1 and lists[0] == list(range(world.size())):
+        _agree(world, shown, tmo.total_seconds(), what)
+        return world
+    mine, _ = _split_many(world, lists, tmo, backend, desc, what, given=shown)
+    return GroupMember.NON_GROUP_MEMBER if mine is None else mine
 
 
 def _check_ranks(arr: np.ndarray, world: int) -> None:

@@ -281,6 +281,33 @@ def test_group_desc_names_the_dimension():
             assert plain.get_group(dim).group_desc == f"mesh_dim_{dim}"
 
 
+def test_a_dimension_over_the_whole_world_is_the_default_group():
+    """SUSPECT: torch 2.13 reuses the default group for a mesh dimension (or a flattened one) that spans the world
+    with no backend override (``_init_one_process_group``: no new communicator, nor a second NCCL one); hpcdist
+    split a copy of the world. A permuted order or a backend override still gets its own group (its local ranks
+    are the coordinates), and ranks given different meshes still all raise, also where one of them spans the world
+    in order."""
+    n = dist.get_world_size()
+    world = dist.group.WORLD
+    assert dist.init_device_mesh("cpu", (n,)).get_group() is world
+    wide = dist.init_device_mesh("cpu", (1, n), mesh_dim_names=("one", "all"))
+    assert wide.get_group("all") is world and _sum(wide.get_group("one")) == dist.get_rank()
+    shape = _shape2(n)
+    flat = dist.init_device_mesh("cpu", shape, mesh_dim_names=("a", "b"))._flatten()
+    assert flat.get_group() is world and flat.get_local_rank() == dist.get_rank()
+    if n > 1:
+        rev = dist.DeviceMesh("cpu", list(range(n))[::-1])
+        assert rev.get_group() is not world and rev.get_local_rank() == n - 1 - dist.get_rank()
+        assert _sum(rev) == sum(range(n))
+    over = dist.init_device_mesh("cpu", (n,), backend_override={0: "mpi"})
+    assert over.get_group() is not world and _sum(over) == sum(range(n))
+    if n > 1:
+        mine = list(range(n)) if dist.get_rank() == 0 else list(range(n))[::-1]
+        with pytest.raises(ValueError, match="different groups"):
+            dist.DeviceMesh("cpu", mine)
+    assert _sum(None) == sum(range(n))
+
+
 def test_mesh_over_part_of_the_world():
     """SUSPECT: torch builds a mesh smaller than the world (4 ranks, ``init_device_mesh("cpu", (2,))``: ranks 0-1
     get coordinates (0,), (1,), ranks 2-3 ``None``); hpcdist raised ValueError. Fixed: the ranks outside take part
