@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from dataclasses import dataclass
@@ -79,6 +80,25 @@ def run_limited(cmd: list[str], env: dict[str, str], limit: float, cwd: Path | N
         err += processes_report(rows)
         timed_out = True
     return Result(proc.returncode, out, err, time.monotonic() - t0, timed_out)
+
+
+#: where the flight recorder dumps of jobs started by :func:`hpcdist_cli` go (not the test's working directory)
+CLI_FLIGHT_DIR = Path(tempfile.gettempdir()) / f"hpcdist-cli-flight-{os.getpid()}"
+
+
+def hpcdist_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 90) -> Result:
+    """``python -m hpcdist ARGS`` with this tree's hpcdist, under :func:`run_limited`'s hard limit (past it, the
+    whole tree is killed and the test fails with where each process waited).
+
+    ``env`` adds variables to this process's (a value None removes one). ``SLURM_JOB_ID`` is removed (mpiexec
+    even inside an allocation); flight recorder dumps go to :data:`CLI_FLIGHT_DIR` unless ``env`` names a place.
+    """
+    merged = {**os.environ, "PYTHONPATH": str(ROOT), "HPCDIST_FLIGHT_DIR": str(CLI_FLIGHT_DIR), **(env or {})}
+    full_env = {k: v for k, v in merged.items() if v is not None}
+    full_env.pop("SLURM_JOB_ID", None)
+    res = run_limited([sys.executable, "-m", "hpcdist", *args], full_env, timeout, cwd=cwd)
+    assert not res.timed_out, f"hpcdist {' '.join(args)} ran past its {timeout} s limit:\n{res.stderr[-4000:]}"
+    return res
 
 
 def python_tracebacks(rows: list[tuple[int, list[str], str, str]], grace: float = 2.0) -> None:

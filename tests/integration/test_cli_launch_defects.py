@@ -12,18 +12,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from mpirun import Result, hpcdist_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 90  # seconds for one launched job
 
 
-def hpcdist(*args: str, cwd: Path | None = None, timeout: int = LIMIT) -> subprocess.CompletedProcess:
+def hpcdist(*args: str, cwd: Path | None = None, timeout: int = LIMIT) -> Result:
     """``python -m hpcdist ARGS`` with this tree's hpcdist and one OpenMP thread per rank."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env.pop("SLURM_JOB_ID", None)  # mpiexec even inside an allocation
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdist", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return hpcdist_cli(*args, cwd=cwd, env={"OMP_NUM_THREADS": "1"}, timeout=timeout)
 
 
 def write(path: Path, body: str) -> Path:

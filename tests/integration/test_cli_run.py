@@ -10,24 +10,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from mpirun import Result, hpcdist_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 90  # seconds for one launched job
 
 
-def hpcdist(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = LIMIT):
-    """``python -m hpcdist ARGS``; ``env`` adds variables to this process's (a value None removes one)."""
-    merged = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    full_env = {k: v for k, v in merged.items() if v is not None}
-    full_env.pop("SLURM_JOB_ID", None)  # these tests use mpiexec even inside an allocation
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdist", *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def hpcdist(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = LIMIT) -> Result:
+    """``python -m hpcdist ARGS`` (``env`` adds variables; a value None removes one)."""
+    return hpcdist_cli(*args, cwd=cwd, env=env, timeout=timeout)
 
 
 def write(tmp_path: Path, name: str, body: str) -> str:
