@@ -96,8 +96,13 @@ def hpcdist_cli(*args: str, cwd: Path | None = None, env: dict | None = None, ti
     merged = {**os.environ, "PYTHONPATH": str(ROOT), "HPCDIST_FLIGHT_DIR": str(CLI_FLIGHT_DIR), **(env or {})}
     full_env = {k: v for k, v in merged.items() if v is not None}
     full_env.pop("SLURM_JOB_ID", None)
-    res = run_limited([sys.executable, "-m", "hpcdist", *args], full_env, timeout, cwd=cwd)
-    assert not res.timed_out, f"hpcdist {' '.join(args)} ran past its {timeout} s limit:\n{res.stderr[-4000:]}"
+    return run_within([sys.executable, "-m", "hpcdist", *args], full_env, timeout, cwd=cwd)
+
+
+def run_within(cmd: list[str], env: dict[str, str], limit: float, cwd: Path | None = None) -> Result:
+    """:func:`run_limited`, failing the test when ``cmd`` ran past ``limit`` (with where each process waited)."""
+    res = run_limited(cmd, env, limit, cwd=cwd)
+    assert not res.timed_out, f"{' '.join(cmd)[:300]} ran past its {limit} s limit:\n{res.stderr[-4000:]}"
     return res
 
 

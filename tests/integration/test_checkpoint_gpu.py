@@ -7,11 +7,11 @@ Skips without a CUDA device (torch or CuPy). The references are host copies take
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from mpirun import run_within
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,12 +99,10 @@ def test_checkpoint_device_arrays(tmp_path):
     script.write_text(SCRIPT)
     mpiexec = Path(sys.executable).parent / "mpiexec"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(
+    proc = run_within(
         [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", "2", sys.executable, str(script), str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
+        env,
+        240,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rank 0 ok" in proc.stdout and "rank 1 ok" in proc.stdout

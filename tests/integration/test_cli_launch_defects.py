@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from mpirun import Result, hpcdist_cli
+from mpirun import Result, hpcdist_cli, run_within
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 90  # seconds for one launched job
@@ -140,8 +140,6 @@ def test_dry_run_command_runs_as_printed(tmp_path):
     assert dry.returncode == 0, dry.stderr
     assert "--status-dir" not in dry.stdout
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    ran = subprocess.run(
-        dry.stdout.strip(), shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=LIMIT
-    )
+    ran = run_within(["bash", "-c", dry.stdout.strip()], env, LIMIT, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.splitlines() == ["hello", "hello"]

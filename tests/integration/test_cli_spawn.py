@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from mpirun import Result, run_within
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,14 +71,14 @@ if __name__ == "__main__":
 """
 
 
-def run_case(tmp_path: Path, case: str) -> subprocess.CompletedProcess:
+def run_case(tmp_path: Path, case: str) -> Result:
     script = tmp_path / "prog.py"
     script.write_text(textwrap.dedent(PROGRAM))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for name in list(env):
         if name.startswith(("PMI_", "OMPI_", "SLURM_")):
             env.pop(name)
-    return subprocess.run([sys.executable, str(script), case], env=env, capture_output=True, text=True, timeout=80)
+    return run_within([sys.executable, str(script), case], env, 80)
 
 
 @pytest.mark.timeout(90)

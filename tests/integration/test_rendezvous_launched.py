@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from mpirun import Result, run_within
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
@@ -47,20 +47,18 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def mpirun(n: int, code: str, timeout: int = LIMIT, **env: str) -> subprocess.CompletedProcess[str]:
+def mpirun(n: int, code: str, timeout: int = LIMIT, **env: str) -> Result:
     script = PRELUDE + textwrap.dedent(code)
     cmd = [str(MPIEXEC), "-n", str(n), sys.executable, "-c", script]
-    return subprocess.run(cmd, env=clean_env(**env), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return run_within(cmd, clean_env(**env), timeout, cwd=ROOT)
 
 
-def python(code: str, timeout: int = LIMIT, **env: str) -> subprocess.CompletedProcess[str]:
+def python(code: str, timeout: int = LIMIT, **env: str) -> Result:
     script = PRELUDE + textwrap.dedent(code)
-    return subprocess.run(
-        [sys.executable, "-c", script], env=clean_env(**env), capture_output=True, text=True, timeout=timeout, cwd=ROOT
-    )
+    return run_within([sys.executable, "-c", script], clean_env(**env), timeout, cwd=ROOT)
 
 
-def lines(proc: subprocess.CompletedProcess[str], prefix: str) -> list[str]:
+def lines(proc: Result, prefix: str) -> list[str]:
     return sorted(line for line in proc.stdout.splitlines() if line.startswith(prefix))
 
 
@@ -233,12 +231,10 @@ def test_tutorial_run_py():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    proc = subprocess.run(
+    proc = run_within(
         [sys.executable, str(ROOT / "examples" / "tutorial_run.py")],
-        env=clean_env(HPCDIST_TUTORIAL_PORT=port),
-        capture_output=True,
-        text=True,
-        timeout=LIMIT,
+        clean_env(HPCDIST_TUTORIAL_PORT=port),
+        LIMIT,
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from mpirun import Result, run_within
 
 from hpcdist.launch.spawn import spawn
 
@@ -53,16 +53,14 @@ if __name__ == "__main__":
 """
 
 
-def run_case(tmp_path: Path, case: str) -> subprocess.CompletedProcess:
+def run_case(tmp_path: Path, case: str) -> Result:
     script = tmp_path / "prog.py"
     script.write_text(textwrap.dedent(PROGRAM))
     env = {**os.environ, "PYTHONPATH": os.environ.get("HPCDIST_TEST_PYTHONPATH", str(ROOT))}
     for name in list(env):
         if name.startswith(("PMI_", "OMPI_", "SLURM_")):
             env.pop(name)
-    return subprocess.run(
-        [sys.executable, str(script), case], env=env, capture_output=True, text=True, timeout=80, start_new_session=True
-    )
+    return run_within([sys.executable, str(script), case], env, 80)
 
 
 @pytest.mark.timeout(90)
