@@ -9,8 +9,8 @@ environment. It:
    ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` (and
    ``MASTER_ADDR``/``MASTER_PORT`` when the launcher did not pass them);
 2. optionally prefixes every line this rank prints with ``[rank N] ``;
-3. runs ``script.py args...`` or ``-m module args...`` with :mod:`runpy`, as
-   ``python script.py`` would (``sys.argv``, ``sys.path[0]``, ``__main__``);
+3. runs ``script.py args...`` or ``-m module args...`` (with :mod:`runpy`), as
+   ``python script.py`` would (``sys.argv``, ``sys.path[0]``, ``__main__``, an absolute ``__file__``);
 4. on an unhandled exception prints the traceback once, each line prefixed
    ``[rank N] `` (through hpcdist's own hook when ``init_process_group``
    installed it), records the failure for ``hpcdist run``'s summary, and ends
@@ -25,11 +25,15 @@ PROGRAM is ``script.py [args...]`` or ``-m module [args...]``. OPTIONS:
 
 from __future__ import annotations
 
+import builtins
+import io
 import json
 import os
 import runpy
 import sys
 import traceback
+import types
+import zipfile
 from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 from types import TracebackType
@@ -144,13 +148,46 @@ def _first_slurm_host(env: MutableMapping[str, str]) -> str | None:
     return hosts[0] if hosts else None
 
 
+def _node_place(info: RankInfo, env: MutableMapping[str, str]) -> tuple[int, int] | None:
+    """``(GROUP_RANK, GROUP_WORLD_SIZE)``: this node's index and the number of nodes, as torchrun's agents count.
+
+    Exact on one node and under srun (``SLURM_NODEID``); across nodes under mpiexec, the ranks are taken to
+    fill the nodes in blocks of ``LOCAL_WORLD_SIZE`` (Hydra's default, torchrun's only layout); None where
+    this rank sees that they do not.
+    """
+    nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or ""
+    node_id = env.get("SLURM_NODEID", "")
+    if info.launcher == "srun" and node_id.isdigit() and nodes.isdigit():
+        return int(node_id), int(nodes)
+    if info.local_size == info.size:
+        return 0, 1
+    if info.size % info.local_size == 0 and info.rank % info.local_size == info.local_rank:
+        return info.rank // info.local_size, info.size // info.local_size
+    return None
+
+
 def set_torchrun_env(info: RankInfo, env: MutableMapping[str, str] | None = None) -> None:
-    """Set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``; default ``MASTER_*``."""
+    """Set torchrun's per-worker variables: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+    ``GROUP_RANK``/``GROUP_WORLD_SIZE`` (the node), ``ROLE_*`` (one role, ``default``),
+    ``TORCHELASTIC_RESTART_COUNT``/``TORCHELASTIC_MAX_RESTARTS`` (0: no restarts); default ``MASTER_*``.
+
+    Not set: the variables of torchrun's elastic agent (``TORCHELASTIC_RUN_ID``,
+    ``TORCHELASTIC_USE_AGENT_STORE``, ``TORCHELASTIC_ERROR_FILE``): there is no agent, rank 0 hosts the
+    env:// store, and ``torch.distributed.is_torchelastic_launched()`` stays False.
+    """
     env = os.environ if env is None else env
     env["RANK"] = str(info.rank)
     env["WORLD_SIZE"] = str(info.size)
     env["LOCAL_RANK"] = str(info.local_rank)
     env["LOCAL_WORLD_SIZE"] = str(info.local_size)
+    place = _node_place(info, env)
+    if place is None:
+        env.pop("GROUP_RANK", None)
+        env.pop("GROUP_WORLD_SIZE", None)
+    else:
+        env["GROUP_RANK"], env["GROUP_WORLD_SIZE"] = str(place[0]), str(place[1])
+    env["ROLE_RANK"], env["ROLE_WORLD_SIZE"], env["ROLE_NAME"] = str(info.rank), str(info.size), "default"
+    env["TORCHELASTIC_RESTART_COUNT"] = env["TORCHELASTIC_MAX_RESTARTS"] = "0"
     if not env.get("MASTER_ADDR"):
         env["MASTER_ADDR"] = _first_slurm_host(env) or "127.0.0.1"
     if not env.get("MASTER_PORT"):
@@ -270,7 +307,23 @@ def run_program(program: list[str]) -> None:
         script = program[0]
         sys.argv = [script, *program[1:]]
         sys.path[0] = os.path.dirname(os.path.realpath(script))  # as python: a symlink's target's directory
+        _run_script(script)
+
+
+def _run_script(script: str) -> None:
+    """Run the file ``script`` as ``__main__``, as ``python script`` does: ``__file__`` and the code's file name
+    absolute (cwd joined, not resolved), ``sys.argv[0]`` as given (``runpy.run_path`` would set it to the path)."""
+    path = script if os.path.isabs(script) else os.path.join(os.getcwd(), script)
+    if zipfile.is_zipfile(path):  # a zip application (its __main__.py): runpy's way
         runpy.run_path(script, run_name="__main__")
+        return
+    with io.open_code(path) as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __loader__=None, __package__=None, __spec__=None)
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main  # pickle and multiprocessing's spawn find the program's classes there
+    exec(code, main.__dict__)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -163,6 +163,36 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+#: torchrun's options a torchrun user may give: what hpcdist run takes instead
+_TORCHRUN_OPTS = {
+    "--nproc-per-node": "-n N",
+    "--nnodes": "-n with --hosts or --hostfile (the launcher places the ranks)",
+    "--node-rank": "-n with --hosts or --hostfile (the launcher places the ranks)",
+    "--standalone": "nothing (a run on this host is the default)",
+    "--no-python": "a Python script or -m module (hpcdist run starts Python programs only)",
+    "--module": "-m MODULE",
+    "--master-addr": "MASTER_ADDR in the environment",
+    "--master-port": "MASTER_PORT in the environment",
+    "--max-restarts": "nothing (a failing rank ends the job; there are no restarts)",
+    "--rdzv-backend": "nothing (the launcher starts every rank; rank 0 hosts the env:// store)",
+    "--rdzv-endpoint": "nothing (the launcher starts every rank; rank 0 hosts the env:// store)",
+    "--rdzv-id": "nothing (the launcher starts every rank; rank 0 hosts the env:// store)",
+}
+_TORCHRUN_OPTS.update({k.replace("-", "_").replace("__", "--", 1): v for k, v in _TORCHRUN_OPTS.items()})
+
+
+def _refuse_torchrun_options(head: list[str]) -> None:
+    """A torchrun option among ours: say so and what to give instead (argparse says only 'unrecognized')."""
+    i = 0
+    while i < len(head):
+        name = head[i].split("=", 1)[0]
+        if name in _TORCHRUN_OPTS:
+            raise UsageError(
+                f"{name} is torchrun's option; expected {_TORCHRUN_OPTS[name]} (hpcdist run takes no torchrun options)"
+            )
+        i += 2 if _takes_value(head[i]) else 1  # skip our options' values (--launcher-arg X)
+
+
 def _number(raw: str, what: str, **kw) -> Any:
     """:func:`hpcdist.config.parse_number`, its ValueError turned into a UsageError."""
     try:
@@ -174,6 +204,7 @@ def _number(raw: str, what: str, **kw) -> Any:
 def parse_args(argv: list[str]) -> RunOptions:
     """Parse ``hpcdist run`` arguments; raise :class:`UsageError` on bad input."""
     head, program = _split(list(argv))
+    _refuse_torchrun_options(head)
     ns = _parser().parse_args(head)
     if ns.module:
         program = ["-m", ns.module, *program]

@@ -9,6 +9,7 @@ import pytest
 from hpcdist import cli
 from hpcdist.launch import run as runmod
 from hpcdist.launch.launchers import LAUNCHERS, LaunchError, LaunchSpec, read_hostfile, select_launcher
+from hpcdist.launch.ranks import RankInfo
 from hpcdist.launch.run import UsageError, build_command, parse_args
 
 PY = "/opt/py/bin/python"
@@ -239,3 +240,44 @@ def test_dry_run_prints_command(script, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert out.startswith("/x/mpiexec -n 3 ") and sys.executable in out and out.rstrip().endswith(f"-- {script}")
     assert "--status-dir" not in out  # a temporary directory that would be gone before the user runs it
+
+
+@pytest.mark.parametrize(
+    "argv, name, instead",
+    [
+        (["--nproc-per-node", "2", "S"], "--nproc-per-node", "-n N"),
+        (["--nproc_per_node=2", "S"], "--nproc_per_node", "-n N"),
+        (["-n", "2", "--standalone", "S"], "--standalone", "nothing"),
+        (["--no_python", "S"], "--no_python", "a Python script or -m module"),
+        (["--master-port=29500", "-m", "x"], "--master-port", "MASTER_PORT in the environment"),
+    ],
+)
+def test_torchrun_options_refused_with_what_to_give(script, argv, name, instead):
+    with pytest.raises(UsageError, match=f"^{name} is torchrun's option; expected {instead}"):
+        parse_args([script if a == "S" else a for a in argv])
+
+
+def test_torchrun_option_as_a_value_of_ours_is_not_refused_as_torchruns(script):
+    assert parse_args(["--launcher-arg=--nnodes", script]).launcher_args == ["--nnodes"]
+    with pytest.raises(UsageError, match="--launcher-arg: expected one argument"):  # argparse's, as before
+        parse_args(["--launcher-arg", "--nnodes", script])
+
+
+@pytest.mark.parametrize(
+    "info, env, place",
+    [
+        (RankInfo("hydra", 3, 4, 3, 4), {}, ("0", "1")),  # one node
+        (RankInfo("hydra", 5, 8, 1, 4), {}, ("1", "2")),  # blocks of LOCAL_WORLD_SIZE
+        (RankInfo("openmpi", 1, 4, 0, 2), {}, None),  # round-robin over nodes: not torchrun's layout
+        (RankInfo("srun", 4, 5, 0, 1), {"SLURM_NODEID": "2", "SLURM_STEP_NUM_NODES": "3"}, ("2", "3")),
+    ],
+)
+def test_bootstrap_sets_torchruns_node_role_and_restart_variables(info, env, place):
+    from hpcdist.launch._bootstrap import set_torchrun_env
+
+    env = {"GROUP_RANK": "9", **env}  # a parent's value never stays
+    set_torchrun_env(info, env)
+    assert (env.get("GROUP_RANK"), env.get("GROUP_WORLD_SIZE")) == (place or (None, None))
+    assert (env["ROLE_RANK"], env["ROLE_WORLD_SIZE"], env["ROLE_NAME"]) == (str(info.rank), str(info.size), "default")
+    assert env["TORCHELASTIC_RESTART_COUNT"] == env["TORCHELASTIC_MAX_RESTARTS"] == "0"
+    assert "TORCHELASTIC_RUN_ID" not in env and "TORCHELASTIC_USE_AGENT_STORE" not in env
