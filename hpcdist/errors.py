@@ -13,6 +13,7 @@ __all__ = [
     "DistError",
     "DistNetworkError",
     "DistStoreError",
+    "DistStoreTimeoutError",
     "DistTimeoutError",
     "TIMEOUT_FIX",
     "QueueEmptyError",
@@ -42,6 +43,15 @@ class DistTimeoutError(DistError, TimeoutError):
 
     It is both a :class:`DistError` and a builtin :class:`TimeoutError`, so
     ``except TimeoutError`` catches it too.
+    """
+
+
+class DistStoreTimeoutError(DistTimeoutError, DistStoreError):
+    """A store's blocking call (``get``, ``wait``, ``barrier``, a master waiting for its workers) ran out of time.
+
+    A :class:`DistTimeoutError` (and ``TimeoutError``) as every hpcdist timeout, and a
+    :class:`DistStoreError` as torch's stores raise there, so ``except DistStoreError`` written for
+    torch catches it too.
     """
 
 

@@ -4,7 +4,9 @@
 condition variable, the TCP server in its event loop, FileStore replays its
 log into one. One implementation means one set of semantics (torch's):
 
-- ``add`` treats a missing key as 0 and stores the result as ASCII decimal;
+- ``add`` treats a missing key (or an empty value) as 0 and stores the result
+  as ASCII decimal; counters are int64, as torch's: a value that is not wholly a
+  decimal integer in that range, or a sum outside it, raises ValueError;
 - ``compare_set`` sets ``desired`` when the current value equals ``expected``,
   or when the key is missing and ``expected`` is empty; it returns the value
   the key holds afterwards, or ``expected`` when the key is missing;
@@ -14,21 +16,45 @@ log into one. One implementation means one set of semantics (torch's):
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from typing import Generic, TypeVar
 
-__all__ = ["KVState", "parse_int"]
+__all__ = ["INT64_MAX", "INT64_MIN", "KVState", "add_counter", "parse_int"]
 
 K = TypeVar("K", str, bytes)
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: a counter's text: optional blanks and sign, ASCII digits (no "1_0", "0x10", "7abc")
+_DECIMAL = re.compile(rb"[ \t\n\r\f\v]*[+-]?[0-9]+[ \t\n\r\f\v]*")
+
+
+def _name(key: object) -> str:
+    return repr(key.decode("utf-8", "replace") if isinstance(key, bytes) else key)
+
 
 def parse_int(value: bytes, key: object) -> int:
-    """The integer a counter key holds; ValueError naming the key otherwise."""
-    try:
-        return int(value)
-    except ValueError:
+    """The int64 a counter key holds (an empty value is 0, as in torch); ValueError naming the key otherwise."""
+    if not value:
+        return 0
+    n = int(value) if _DECIMAL.fullmatch(value) else None
+    if n is None or not INT64_MIN <= n <= INT64_MAX:
         shown = value[:40] + (b"..." if len(value) > 40 else b"")
-        raise ValueError(f"add: key {key!r} holds {shown!r}, which is not an integer counter") from None
+        raise ValueError(
+            f"add: key {_name(key)} holds {shown!r}, which is not an integer counter (a decimal int64); "
+            "set it to a number or use another key"
+        )
+    return n
+
+
+def add_counter(current: bytes | None, key: object, amount: int) -> int:
+    """``current`` (None: missing, counts as 0) plus ``amount``; ValueError if the sum leaves int64."""
+    total = (0 if current is None else parse_int(current, key)) + amount
+    if not INT64_MIN <= total <= INT64_MAX:
+        raise ValueError(
+            f"add: key {_name(key)} would reach {total}, outside the int64 range of a counter; it keeps its value"
+        )
+    return total
 
 
 class KVState(Generic[K]):
@@ -44,8 +70,7 @@ class KVState(Generic[K]):
         self.data[key] = value
 
     def add(self, key: K, amount: int) -> int:
-        cur = self.data.get(key)
-        total = amount if cur is None else parse_int(cur, key) + amount
+        total = add_counter(self.data.get(key), key, amount)
         self.data[key] = str(total).encode()
         return total
 

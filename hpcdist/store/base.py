@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from ..config import check_timeout
-from ..errors import DistStoreError, DistTimeoutError
+from ..errors import DistStoreError, DistStoreTimeoutError, DistTimeoutError
+from ._state import INT64_MAX, INT64_MIN
 
 __all__ = ["DEFAULT_STORE_TIMEOUT", "Store", "timeout_error"]
 
@@ -40,6 +41,19 @@ def check_int(value: object, arg: str) -> int:
         except TypeError:
             pass
     raise TypeError(f"{arg} must be an int, got {type(value).__name__} ({value!r:.60})")
+
+
+def check_bool(value: object, arg: str, convert: bool = False) -> bool:
+    """``value`` as a bool, else a TypeError naming the argument; torch's (pybind11's) rule.
+
+    A bool or numpy bool always; with ``convert``, also None (False) and any object with
+    ``__bool__`` (numbers), but never a str or a container.
+    """
+    if isinstance(value, bool) or (type(value).__name__ == "bool_" and type(value).__module__ == "numpy"):
+        return bool(value)
+    if convert and (value is None or hasattr(type(value), "__bool__")):
+        return bool(value)
+    raise TypeError(f"{arg} must be a bool, got {type(value).__name__} ({value!r:.60})")
 
 
 def check_keys(keys: object, arg: str = "keys") -> list[str]:
@@ -68,11 +82,11 @@ def to_bytes(value: object, arg: str = "value") -> bytes:
     raise TypeError(f"{arg} must be bytes, bytearray, memoryview or str, got {type(value).__name__}")
 
 
-def timeout_error(op: str, keys: Sequence[object], seconds: float) -> DistTimeoutError:
+def timeout_error(op: str, keys: Sequence[object], seconds: float) -> DistStoreTimeoutError:
     """The error a blocking operation raises when ``keys`` did not appear in time."""
     shown = ", ".join(repr(k) for k in list(keys)[:8])
     more = f" and {len(keys) - 8} more" if len(keys) > 8 else ""
-    return DistTimeoutError(
+    return DistStoreTimeoutError(
         f"{op} timed out after {seconds:g} s waiting for key(s) {shown}{more}; they were never set "
         "(raise the timeout with set_timeout() or check that the writer runs)"
     )
@@ -115,8 +129,15 @@ class Store:
         return self._get(check_key(key), self.timeout.total_seconds())
 
     def add(self, key: str, amount: int) -> int:
-        """Add ``amount`` to the integer counter ``key`` (0 when missing); return the new value."""
-        return self._add(check_key(key), check_int(amount, "amount"))
+        """Add ``amount`` to the integer counter ``key`` (0 when missing or empty); return the new value.
+
+        Counters are int64, as in torch: an ``amount`` outside that range is a TypeError (torch's),
+        a value that is not a decimal int64, or a sum outside the range, a ValueError.
+        """
+        n = check_int(amount, "amount")
+        if not INT64_MIN <= n <= INT64_MAX:
+            raise TypeError(f"amount must be an int in the int64 range -2**63..2**63-1, got {n}")
+        return self._add(check_key(key), n)
 
     def compare_set(self, key: str, expected_value: Value, desired_value: Value) -> bytes:
         """Set ``key`` to ``desired_value`` if it holds ``expected_value``; return what it holds then.
@@ -221,7 +242,7 @@ class Store:
             self._wait([done], seconds)
         except DistTimeoutError:
             count = self._get_now(key)
-            raise DistTimeoutError(
+            raise DistStoreTimeoutError(
                 f"barrier {key!r} timed out after {seconds:g} s: {count} of {n} participants arrived"
             ) from None
 

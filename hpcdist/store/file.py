@@ -34,7 +34,7 @@ from datetime import timedelta
 from typing import TypeVar
 
 from ..errors import DistStoreError, QueueEmptyError
-from ._state import KVState, parse_int
+from ._state import KVState, add_counter
 from .base import DEFAULT_STORE_TIMEOUT, Store, check_int, timeout_error
 
 __all__ = ["FileStore"]
@@ -348,8 +348,7 @@ class FileStore(Store):
 
     def _add(self, key: str, amount: int) -> int:
         def op(s: KVState[str]) -> tuple[int, list[Record]]:
-            cur = s.data.get(key)
-            total = amount if cur is None else parse_int(cur, key) + amount
+            total = add_counter(s.data.get(key), key, amount)
             return total, [(R_SET, key, str(total).encode())]
 
         return self._log.mutate(op)

@@ -13,8 +13,9 @@ class PrefixStore(Store):
     """Every key ``k`` becomes ``prefix + "/" + k`` in ``store``.
 
     The timeout is the underlying store's (``set_timeout`` changes it there).
-    Unlike torch, :meth:`num_keys` and :meth:`list_keys` count and list only
-    this prefix's keys, with the prefix removed. Timeout errors name the
+    :meth:`num_keys` and :meth:`list_keys` count and list only this prefix's
+    keys, with the prefix removed (as torch's ``list_keys``; torch's
+    ``num_keys`` counts the whole underlying store). Timeout errors name the
     full (prefixed) keys.
 
     Args:

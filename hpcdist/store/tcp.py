@@ -19,11 +19,11 @@ import warnings
 import weakref
 from datetime import timedelta
 
-from ..errors import DistNetworkError, DistStoreError, DistTimeoutError, QueueEmptyError
+from ..errors import DistNetworkError, DistStoreError, DistStoreTimeoutError, DistTimeoutError, QueueEmptyError
 from . import _protocol as P
 from ._auth import ENV_SECRET, ENV_SECRET_FILE, client_proof, new_nonce, resolve_secret, server_proof
 from ._tcpserver import TCPServer
-from .base import DEFAULT_STORE_TIMEOUT, Store, check_int, timeout_error
+from .base import DEFAULT_STORE_TIMEOUT, Store, check_bool, check_int, timeout_error
 
 __all__ = ["TCPStore"]
 
@@ -235,7 +235,9 @@ class TCPStore(Store):
             back from :attr:`port`.
         world_size: the number of store users, master included; with
             ``wait_for_workers`` the master's constructor waits for them all.
-        is_master: start the server in this process (a background thread).
+        is_master: start the server in this process (a background thread); a
+            bool, as in torch (``wait_for_workers``, ``multi_tenant`` and
+            ``use_libuv`` also take None or a number, never a str).
         timeout: the default timeout of blocking calls, of connecting, and of
             the wait for workers.
         wait_for_workers: see ``world_size``.
@@ -273,8 +275,14 @@ class TCPStore(Store):
         max_frame_bytes: int = P.DEFAULT_MAX_FRAME,
     ) -> None:
         super().__init__(timeout)
-        if not isinstance(host_name, str) or not host_name:
+        if not isinstance(host_name, str):
+            raise TypeError(f"host_name must be a str (an address or host name), got {type(host_name).__name__}")
+        if not host_name:
             raise ValueError(f"host_name must be a non-empty str (an address or host name), got {host_name!r}")
+        is_master = check_bool(is_master, "is_master")
+        wait_for_workers = check_bool(wait_for_workers, "wait_for_workers", convert=True)
+        multi_tenant = check_bool(multi_tenant, "multi_tenant", convert=True)
+        check_bool(use_libuv, "use_libuv", convert=True)
         port = check_int(port, "port")
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {port}")
@@ -519,7 +527,7 @@ class TCPStore(Store):
         status, args = self._call(P.OP_WAIT_JOINED, [_ms(seconds), str(world_size).encode()], seconds + _GUARD_EXTRA)
         if status == P.ST_TIMEOUT:
             joined = args[0].decode() if args else "?"
-            raise DistTimeoutError(
+            raise DistStoreTimeoutError(
                 f"TCPStore master at {self._where()}: only {joined} of {world_size} workers joined within {seconds:g} s "
                 "(world_size counts the master); check that every rank starts and can reach this address"
             )

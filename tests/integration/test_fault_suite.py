@@ -258,7 +258,7 @@ def test_store_wait_with_a_dead_peer_ends(tmp_path, victim):
         assert float(line.split("after ")[1].split("s:")[0]) < 4, "the client waited for the timeout"
     else:
         line = next(ln for ln in r.stdout.splitlines() if ln.startswith("SERVER FAILED"))
-        assert "DistTimeoutError" in line and "'from-client'" in line and "wait" in line, line
+        assert "DistStoreTimeoutError" in line and "'from-client'" in line and "wait" in line, line
 
 
 # ------------------------------------------------------------------ the flight recorder on real failures
