@@ -17,7 +17,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("hpcdist.launch.run", "launch N ranks of a script or module (mpiexec, or srun inside Slurm)"),
     "info": ("hpcdist.info", "versions, MPI library, launcher, GPU support, environment (--json)"),
     "bench": ("hpcdist.bench", "time collectives x sizes x ranks beside raw mpi4py and gloo (under mpiexec)"),
-    "debug": ("hpcdist.debug_analyze", "analyze DIR: where a stuck job's ranks diverge (flight recorder dumps)"),
+    "debug": (
+        "hpcdist.debug_analyze",
+        "analyze DIR: where a stuck job's ranks diverge (flight recorder dumps); export-torch DIR OUT: the dumps in "
+        "torch's flight recorder format",
+    ),
 }
 
 

@@ -1,5 +1,8 @@
 """``hpcdist debug analyze DIR``: why is my job stuck? Read every rank's flight recorder dump.
 
+(``hpcdist debug export-torch DIR OUT`` writes the dumps in torch's format:
+:mod:`hpcdist.flight_torch`.)
+
 The dumps (``rank-<R>.json``, written by :mod:`hpcdist.flight`) hold each
 group's last collectives, numbered alike on every rank of the group, and its
 point-to-point operations. For each group this finds the first collective
@@ -405,14 +408,57 @@ def format_report(report: Report) -> str:
     return "\n".join(lines)
 
 
+def _export_torch(directory: str, out: str, p2p: bool) -> int:
+    """``hpcdist debug export-torch DIR OUT [--no-p2p]`` (:mod:`hpcdist.flight_torch`)."""
+    from .flight_torch import export
+
+    try:
+        done = export(directory, out, p2p)
+    except (ValueError, OSError) as exc:
+        print(f"hpcdist debug export-torch: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(done.paths)} file(s) in torch's flight recorder format to {out}")
+    for title, lines in (
+        ("left out (torch's analyzer cannot read them)", done.left_out),
+        (
+            "torch's analyzer will stop with `AssertionError: can't get dst of non-p2p op` (it reads a collective "
+            "and a p2p op with one sequence number as a coalesced group); export again with --no-p2p, or use -j",
+            done.traps,
+        ),
+    ):
+        if lines:
+            print(f"{title}:")
+            print("\n".join(f"  {line}" for line in lines[:12]))
+            if len(lines) > 12:
+                print(f"  ... and {len(lines) - 12} more")
+    print(f"read them with: python -m torch.distributed.flight_recorder.fr_trace {out}  (-j: print every entry)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``hpcdist debug analyze DIR [--json]``; returns the exit status (2: no readable dumps)."""
+    """``hpcdist debug analyze DIR [--json]``, ``hpcdist debug export-torch DIR OUT [--no-p2p]``; returns the
+    exit status (2: no readable dumps, or OUT not usable)."""
     ap = argparse.ArgumentParser(prog="hpcdist debug", description="debugging tools for hpcdist jobs")
     sub = ap.add_subparsers(dest="command", required=True)
     an = sub.add_parser("analyze", help="read every rank's flight recorder dump; print where the ranks diverge")
     an.add_argument("directory", help="the dump directory (HPCDIST_FLIGHT_DIR, default ./hpcdist-flight)")
     an.add_argument("--json", action="store_true", help="print the findings as JSON")
+    ex = sub.add_parser(
+        "export-torch",
+        help="write the dumps in torch's flight recorder format, for "
+        "`python -m torch.distributed.flight_recorder.fr_trace OUT`",
+    )
+    ex.add_argument("directory", help="the dump directory (HPCDIST_FLIGHT_DIR, default ./hpcdist-flight)")
+    ex.add_argument("out", help="a new or empty directory for torch's files (hpcdist_trace_rank_<R>)")
+    ex.add_argument(
+        "--no-p2p",
+        action="store_true",
+        help="leave point-to-point operations out (torch's analyzer stops on a collective and a p2p op of one "
+        "group that follow each other with the same sequence number)",
+    )
     args = ap.parse_args(argv)
+    if args.command == "export-torch":
+        return _export_torch(args.directory, args.out, not args.no_p2p)
     try:
         dumps = load_dumps(args.directory)
     except ValueError as exc:

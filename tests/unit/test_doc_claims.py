@@ -5,7 +5,7 @@
 - every relative link of the docs reaches a file, and every ``#anchor`` a heading (GitHub's slugs) or an
   explicit ``<a id>``;
 - every ``hpcdist COMMAND`` the docs show is a subcommand, and every option they give ``hpcdist run``,
-  ``hpcdist bench``, ``hpcdist info`` and ``hpcdist debug analyze`` is one its parser accepts.
+  ``hpcdist bench``, ``hpcdist info`` and ``hpcdist debug analyze``/``export-torch`` is one its parser accepts.
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def test_every_bench_info_and_debug_option_the_docs_show_exists(capsys):
     helps = {
         "bench": _help(bench.main, ["--help"], capsys),
         "info": _help(info.main, ["--help"], capsys),
-        "debug": _help(debug_analyze.main, ["analyze", "--help"], capsys),
+        "debug": "".join(_help(debug_analyze.main, [cmd, "--help"], capsys) for cmd in ("analyze", "export-torch")),
     }
     bad = []
     for words in _hpcdist_commands():

@@ -80,6 +80,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "hpcdist.info",
             "hpcdist.bench",
             "hpcdist.debug_analyze",
+            "hpcdist.flight_torch",
             "hpcdist.launch",
         ),
     ),
