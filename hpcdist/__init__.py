@@ -57,7 +57,15 @@ from .collectives import (
     scatter,
 )
 from .debug import DebugLevel, breakpoint, get_debug_level, monitored_barrier, set_debug_level, set_debug_level_from_env
-from .errors import DistBackendError, DistError, DistNetworkError, DistStoreError, DistTimeoutError, QueueEmptyError
+from .errors import (
+    DistBackendError,
+    DistError,
+    DistNetworkError,
+    DistStoreError,
+    DistTimeoutError,
+    DtypeMismatchError,
+    QueueEmptyError,
+)
 from .flight import dump_flight_recorder
 from .gpu import cuda_aware_mpi, device_for_local_rank, set_device_for_local_rank
 from .group import (
@@ -97,6 +105,7 @@ __all__ = [
     "DistNetworkError",
     "DistStoreError",
     "DistTimeoutError",
+    "DtypeMismatchError",
     "FileStore",
     "Future",
     "GroupMember",

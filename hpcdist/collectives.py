@@ -33,6 +33,7 @@ import numpy as np
 from .buffers.adapters import Buf, adapt, adapt_list, tensor_array
 from .buffers.packing import own_block, pack, unpack, unpack_arrays
 from .debug import DETAIL, check_collective, check_traffic
+from .errors import DtypeMismatchError
 from .flight import END, attach
 from .group import ProcessGroup, group_rank, resolve_group
 from .ops import CACHE as _OP_CACHE
@@ -132,14 +133,14 @@ def _same_kind(ref: Buf, others: list[Buf], argname: str, start: int = 0) -> Non
     """``others`` (``argname[start:]``) have ``ref``'s dtype and device; errors name the true index."""
     for i, b in enumerate(others, start):
         if b.dtype != ref.dtype:
-            raise TypeError(f"{argname}[{i}] has dtype {b.dtype}, expected {ref.dtype} (the input's dtype)")
+            raise DtypeMismatchError(f"{argname}[{i}] has dtype {b.dtype}, expected {ref.dtype} (the input's dtype)")
         if b.device != ref.device or b.index != ref.index:
             raise ValueError(f"{argname}[{i}] is on another device than the input; put all arrays on one device")
 
 
 def _same(a: Buf, b: Buf, aname: str, bname: str) -> None:
     if a.dtype != b.dtype:
-        raise TypeError(f"{aname} has dtype {a.dtype} but {bname} has dtype {b.dtype}; they must match")
+        raise DtypeMismatchError(f"{aname} has dtype {a.dtype} but {bname} has dtype {b.dtype}; they must match")
     if a.device != b.device or a.index != b.index:
         raise ValueError(f"{aname} and {bname} are on different devices; put both on one device")
 

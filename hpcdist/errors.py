@@ -15,6 +15,7 @@ __all__ = [
     "DistStoreError",
     "DistStoreTimeoutError",
     "DistTimeoutError",
+    "DtypeMismatchError",
     "TIMEOUT_FIX",
     "QueueEmptyError",
     "describe_op",
@@ -53,6 +54,12 @@ class DistStoreTimeoutError(DistTimeoutError, DistStoreError):
     :class:`DistStoreError` as torch's stores raise there, so ``except DistStoreError`` written for
     torch catches it too.
     """
+
+
+class DtypeMismatchError(TypeError, ValueError):
+    """The arrays of one call have different dtypes (an argument error, raised before any message moves): a
+    TypeError, and the ValueError torch.distributed raises there (its ``_ensure_all_tensors_same_dtype``), so
+    ``except ValueError`` written for torch catches it too."""
 
 
 class QueueEmptyError(DistStoreError):

@@ -433,16 +433,18 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
     """Fill ``object_list[r]`` (a list of group-size entries) with rank ``r``'s ``obj`` on every rank.
 
     Args:
-        object_list: a list with one entry per group rank, replaced in place.
+        object_list: a list with one entry per group rank, replaced in place (a longer one has its first
+            group-size entries replaced and the rest left as they were, as torch).
         obj: this rank's object (picklable).
         group: the process group (None: the default group); on a non-member nothing happens.
     """
     pg = resolve_group(group, "all_gather_object")
     if pg is None:
         return
-    if not isinstance(object_list, list) or len(object_list) != pg._size:
+    # a longer list gets its first group-size entries replaced, as torch's
+    if not isinstance(object_list, list) or len(object_list) < pg._size:
         raise ValueError(
-            f"object_list must be a list with one entry per rank of the group ({pg._size}), got "
+            f"object_list must be a list with (at least) one entry per rank of the group ({pg._size}), got "
             f"{len(object_list) if isinstance(object_list, list) else type(object_list).__name__}"
         )
     entry = _record(pg, "all_gather_object", -1)
@@ -479,8 +481,8 @@ def gather_object(
 
     Args:
         obj: this rank's object (picklable).
-        object_gather_list: on ``dst``, a list with one entry per group rank, replaced in place; None (or ``[]``)
-            elsewhere.
+        object_gather_list: on ``dst``, a list with one entry per group rank, replaced in place (a longer one has
+            its first group-size entries replaced, as torch); None (or ``[]``) elsewhere.
         dst: the destination, a global rank (default: global rank 0); or give ``group_dst``.
         group: the process group (None: the default group); on a non-member nothing happens.
         group_dst: the destination as a rank of ``group``.
@@ -491,9 +493,9 @@ def gather_object(
     root = _root(pg, dst, group_dst, "dst", default_zero=True)
     is_root = pg._rank == root
     if is_root:
-        if not isinstance(object_gather_list, list) or len(object_gather_list) != pg._size:
+        if not isinstance(object_gather_list, list) or len(object_gather_list) < pg._size:  # longer: as torch's
             raise ValueError(
-                f"object_gather_list must be a list with one entry per rank of the group ({pg._size}) on the "
+                f"object_gather_list must be a list with (at least) one entry per rank of the group ({pg._size}) on the "
                 f"destination rank, got {object_gather_list!r:.80}"
             )
     elif object_gather_list is not None and not (isinstance(object_gather_list, list) and not object_gather_list):

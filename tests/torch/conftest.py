@@ -49,7 +49,7 @@ def launch(
     full["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(PROGS), full.get("PYTHONPATH", "")])
     for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         full.pop(k, None)
-    if backend == "gloo":
+    if backend in ("gloo", "torch.distributed"):  # torch's own rendezvous (env://)
         full.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
     full.update(env or {})
     cmd = [mpiexec(), "-n", str(n), sys.executable, str(PROGS / prog), backend, str(out), *(args or [])]
@@ -66,14 +66,16 @@ def launch_both(
     *,
     args: Callable[[Path], list[str]] | None = None,
     limit: float = 240,
+    backends: tuple[str, ...] = ("hpcdist", "gloo"),
 ) -> dict[str, list[Any]]:
     """Run progs/``prog`` on ``n`` ranks with "hpcdist" and with gloo; each rank's saved output, by backend.
 
     ``prog`` saves under its own stem (``progs/common.save``); ``args(d)`` gives its
-    arguments after the output directory ``d``.
+    arguments after the output directory ``d``. ``backends``: the first arguments to pass instead
+    ("torch.distributed" gets gloo's MASTER_ADDR/MASTER_PORT).
     """
     out: dict[str, list[Any]] = {}
-    for backend in ("hpcdist", "gloo"):
+    for backend in backends:
         d: Path = factory.mktemp(f"{Path(prog).stem}-{backend}")
         launch(n, prog, backend, d, args=args(d) if args else None, limit=limit)
         out[backend] = [load(d, Path(prog).stem, r) for r in range(n)]

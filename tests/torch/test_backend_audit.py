@@ -1,7 +1,7 @@
 """Differential audit of the less-travelled ProcessGroup methods: the same calls on gloo and on "hpcdist".
 
 This file is both the test and the program it launches (``python test_backend_audit.py BACKEND OUTDIR``
-under mpiexec, via conftest's ``launch``): :func:`main` runs every scenario of :data:`SCENARIOS` in
+under mpiexec, via conftest's ``launch``; the machinery is ``differential.py``'s): :func:`main` runs every scenario of :data:`SCENARIOS` in
 order on every rank and saves, per scenario, what it returned or the type of what it raised. The
 tests run it at 2 and 3 ranks on both backends and compare (bitwise for integers, allclose for
 floats; shapes, dtypes, exception types). Differences the docs describe are listed in
@@ -10,7 +10,6 @@ floats; shapes, dtypes, exception types). Differences the docs describe are list
 
 from __future__ import annotations
 
-import copy
 import sys
 import time
 from collections.abc import Callable
@@ -20,20 +19,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from differential import UNSUPPORTED, Scenarios, compare_runs, raised, run_scenarios, xfail_param
 
-UNSUPPORTED = "unsupported"  # what a Work's result()/get_future() record where the backend implements neither
-Scenario = Callable[[int, int], Any]
-SCENARIOS: dict[str, Scenario] = {}
-
-
-def scenario(fn: Scenario) -> Scenario:
-    SCENARIOS[fn.__name__] = fn
-    return fn
-
-
-def _raised(exc: BaseException) -> tuple[str, tuple[str, ...]]:
-    """What a scenario records for an exception: its type's names, most derived first (compared by subclass)."""
-    return ("raised", tuple(c.__name__ for c in type(exc).__mro__))
+SCENARIOS = Scenarios()
+scenario = SCENARIOS
 
 
 def _base(r: int, shape: tuple[int, ...], dtype: Any = torch.float32) -> Any:
@@ -277,7 +266,7 @@ def _reduce_all(ops: list[str], dtype: Any, x: Callable[[int], Any]) -> Any:
             dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
             out[op] = t
         except Exception as exc:
-            out[op] = _raised(exc)
+            out[op] = raised(exc)
     return out
 
 
@@ -534,23 +523,19 @@ def err_send_self(r: int, n: int) -> Any:
 # -- the program ---------------------------------------------------------------------------------------
 
 
+def _settle(backend: str) -> None:
+    """After a raise on gloo: its barrier rethrows the error of a work its worker thread has not yet marked
+    complete (racy): let the thread finish it first."""
+    if backend == "gloo":
+        time.sleep(0.3)
+
+
 def main() -> None:
     from common import args, init, save
 
     backend, out = args()
     rank, n = init(backend)
-    res: dict[str, Any] = {}
-    msgs: dict[str, str] = {}  # what each raise said: for reading, not compared
-    for name, fn in SCENARIOS.items():
-        print(f"rank {rank}: {name}", file=sys.stderr, flush=True)  # where a launch that ran past its limit was
-        try:
-            res[name] = ("ok", fn(rank, n))
-        except Exception as exc:
-            res[name] = _raised(exc)
-            msgs[name] = str(exc)[:300]
-            if backend == "gloo":  # gloo's barrier rethrows the error of a work its worker thread has not yet
-                time.sleep(0.3)  # marked complete (racy): let the thread finish it first
-        dist.barrier()
+    res, msgs = run_scenarios(SCENARIOS, rank, n, dist.barrier, lambda: _settle(backend))
     save(out, "test_backend_audit", {**res, "_messages": msgs})
     dist.destroy_process_group()
 
@@ -603,33 +588,7 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return launch_both(request.param, str(Path(__file__).resolve()), tmp_path_factory, limit=120)
 
 
-def _close(a: Any, b: Any, path: str = "") -> str | None:
-    """None where ``a`` (hpcdist) matches ``b`` (gloo), else where and how they differ."""
-    if isinstance(b, tuple) and len(b) == 2 and b[0] == UNSUPPORTED:
-        return None  # gloo's Work has no result()/future here: nothing to compare
-    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 2 and a[0] == b[0] == "raised":
-        ok = b[1][0] in a[1]  # hpcdist raises gloo's type, or a subclass of it
-        return None if ok else f"{path}: raised {a[1][0]} vs {b[1][0]}"
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        if a.dtype != b.dtype or a.shape != b.shape:
-            return f"{path}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
-        exact = not (a.is_floating_point() or a.is_complex())
-        ok = torch.equal(a, b) if exact else torch.allclose(a, b, rtol=1e-3 if a.element_size() <= 2 else 1e-6)
-        return None if ok else f"{path}: {a} vs {b}"
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
-        return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := _close(x, y, f"{path}[{i}]"))), None)
-    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
-        return next((d for k in a if (d := _close(a[k], b[k], f"{path}[{k!r}]"))), None)
-    return None if a == b else f"{path}: {a!r} vs {b!r}"
-
-
-def _param(name: str) -> Any:
-    if name in XFAIL:
-        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=XFAIL[name]))
-    return name
-
-
-@pytest.mark.parametrize("name", [_param(k) for k in SCENARIOS])
+@pytest.mark.parametrize("name", [xfail_param(k, XFAIL) for k in SCENARIOS])
 def test_same_as_gloo(runs: dict[str, list[Any]], name: str) -> None:
     """hpcdist answers every scenario as gloo does, rank by rank (result, or the type of what it raised).
 
@@ -644,14 +603,4 @@ def test_same_as_gloo(runs: dict[str, list[Any]], name: str) -> None:
     if name in GLOO_RAISES:
         assert all(res[name][0] == "raised" for res in runs["gloo"]), f"gloo no longer raises in {name}"
         pytest.skip(f"gloo raises: {GLOO_RAISES[name]}")
-    for r, (mine, ref) in enumerate(zip(runs["hpcdist"], runs["gloo"], strict=True)):
-        got, want = mine[name], ref[name]
-        if name in GLOO_WRONG:  # hpcdist's must be True; gloo's is not compared
-            *within, key = GLOO_WRONG[name][0]
-            got, want = copy.deepcopy(got), copy.deepcopy(want)
-            mine_rec, ref_rec = got[1], want[1]
-            for k in within:
-                mine_rec, ref_rec = mine_rec[k], ref_rec[k]
-            assert mine_rec.pop(key) is True and ref_rec.pop(key) is False, (r, name, got)
-        diff = _close(got, want)
-        assert diff is None, f"rank {r} {name}: hpcdist vs gloo {diff}"
+    compare_runs(runs["hpcdist"], runs["gloo"], name, "gloo", GLOO_WRONG)
