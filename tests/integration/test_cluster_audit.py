@@ -53,6 +53,17 @@ import hpcdist.work
 
 def say(*parts):
     os.write(1, (f"[{RANK}] " + " ".join(map(str, parts)) + chr(10)).encode())
+
+
+# leave once every rank said its results (one rank leaving ends the launch), at the latest ``limit`` s after ``t0``:
+# each rank leaves a file beside this script, then waits for the others'
+def leave_together(t0, limit):
+    here = os.path.dirname(os.path.abspath(__file__))
+    open(os.path.join(here, f"done-{RANK}"), "w").close()
+    n = len(LAYOUT)
+    while time.monotonic() < t0 + limit and not all(os.path.exists(os.path.join(here, f"done-{r}")) for r in range(n)):
+        time.sleep(0.05)
+    os._exit(0)
 """
 
 
@@ -72,7 +83,8 @@ def _lines(out: str, tag: str) -> dict[int, str]:
     return found
 
 
-# every rank but the laggard all-reduces ``x`` ({call}) and says the limit its error names; all leave 15 s after it
+# every rank but the laggard all-reduces ``x`` ({call}) and says the limit its error names; all leave together once
+# they have (15 s after it at the latest)
 _ALL_BUT = """
 t0 = time.monotonic()
 if RANK != {laggard}:
@@ -82,8 +94,7 @@ if RANK != {laggard}:
     except dist.DistError as e:
         import re
         say("RESULT", type(e).__name__, re.search(r"within ([0-9.]+)s", str(e)).group(1))
-time.sleep(max(0.0, t0 + 15 - time.monotonic()))    # every rank leaves at once (one leaving ends the launch)
-os._exit(0)
+leave_together(t0, 15)
 """
 
 
@@ -148,8 +159,7 @@ try:
     say("RESULT ok")
 except dist.DistError as e:
     say("RESULT", type(e).__name__, "stranded", len(hpcdist.work._STRANDED) - before, str(e)[:160])
-time.sleep(max(0.0, t0 + 16 - time.monotonic()))    # every rank leaves at once (one leaving ends the launch)
-os._exit(0)
+leave_together(t0, 16)
 """
     )
     r = run_mpi(3, script, tmp_path, env=_node_env("a,a,b"), limit=90)
