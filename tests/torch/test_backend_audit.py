@@ -255,6 +255,20 @@ def subgroup_gather_scatter_bcast(r: int, n: int) -> Any:
     return [gl, out, b, dist.get_group_rank(g, r)]
 
 
+@scenario
+def mesh_over_part_of_the_world(r: int, n: int) -> Any:
+    """torch's own DeviceMesh over all ranks but the last, and a DTensor sharded on it: the rank outside gets no
+    coordinate and an empty local shard; the members' full_tensor() is the whole."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (n - 1,))
+    d = distribute_tensor(torch.arange(12.0).reshape(6, 2), mesh, [Shard(0)])
+    local = d.to_local().clone()
+    whole = (d * 2).full_tensor() if mesh.get_coordinate() is not None else None
+    return [mesh.get_coordinate(), local, whole]
+
+
 # -- reduce ops and dtypes ---------------------------------------------------------------------------
 
 
