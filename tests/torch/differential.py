@@ -29,6 +29,14 @@ class Scenarios(dict[str, Scenario]):
         return fn
 
 
+def rank_input(r: int, shape: tuple[int, ...], dtype: Any = torch.float32) -> Any:
+    """Rank ``r``'s input of ``shape``: ``1, 2, 3, ...`` plus ``10 r``, as ``dtype`` (distinct on every rank)."""
+    n = 1
+    for s in shape:
+        n *= s
+    return (torch.arange(n, dtype=torch.float64).reshape(shape) + 10 * r + 1).to(dtype)
+
+
 def raised(exc: BaseException) -> tuple[str, tuple[str, ...]]:
     """What a scenario records for an exception: its type's names, most derived first (compared by subclass)."""
     return ("raised", tuple(c.__name__ for c in type(exc).__mro__))

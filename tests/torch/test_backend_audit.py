@@ -19,17 +19,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from differential import UNSUPPORTED, Scenarios, compare_runs, raised, run_scenarios, xfail_param
+from differential import UNSUPPORTED, Scenarios, compare_runs, raised, rank_input, run_scenarios, xfail_param
 
 SCENARIOS = Scenarios()
 scenario = SCENARIOS
-
-
-def _base(r: int, shape: tuple[int, ...], dtype: Any = torch.float32) -> Any:
-    n = 1
-    for s in shape:
-        n *= s
-    return (torch.arange(n, dtype=torch.float64).reshape(shape) + 10 * r + 1).to(dtype)
 
 
 def _work(w: Any) -> Any:
@@ -54,41 +47,41 @@ def _work(w: Any) -> Any:
 @scenario
 def agit_concat(r: int, n: int) -> Any:
     out = torch.zeros(n * 2, 3, dtype=torch.int64)
-    dist.all_gather_into_tensor(out, _base(r, (2, 3), torch.int64))
+    dist.all_gather_into_tensor(out, rank_input(r, (2, 3), torch.int64))
     return out
 
 
 @scenario
 def agit_stacked(r: int, n: int) -> Any:
     out = torch.zeros(n, 2, 3)
-    dist.all_gather_into_tensor(out, _base(r, (2, 3)))
+    dist.all_gather_into_tensor(out, rank_input(r, (2, 3)))
     return out
 
 
 @scenario
 def agit_base_async(r: int, n: int) -> Any:
     out = torch.zeros(n * 4)
-    return _work(dist._all_gather_base(out, _base(r, (4,)), async_op=True))
+    return _work(dist._all_gather_base(out, rank_input(r, (4,)), async_op=True))
 
 
 @scenario
 def rst_concat(r: int, n: int) -> Any:
     out = torch.zeros(2, 3, dtype=torch.int32)
-    dist.reduce_scatter_tensor(out, _base(r, (n * 2, 3), torch.int32))
+    dist.reduce_scatter_tensor(out, rank_input(r, (n * 2, 3), torch.int32))
     return out
 
 
 @scenario
 def rst_stacked_max(r: int, n: int) -> Any:
     out = torch.zeros(2, 3)
-    dist.reduce_scatter_tensor(out, _base(r, (n, 2, 3)), op=dist.ReduceOp.MAX)
+    dist.reduce_scatter_tensor(out, rank_input(r, (n, 2, 3)), op=dist.ReduceOp.MAX)
     return out
 
 
 @scenario
 def rst_base_async(r: int, n: int) -> Any:
     out = torch.zeros(3, dtype=torch.float64)
-    return _work(dist._reduce_scatter_base(out, _base(r, (n * 3,), torch.float64), async_op=True))
+    return _work(dist._reduce_scatter_base(out, rank_input(r, (n * 3,), torch.float64), async_op=True))
 
 
 # -- coalesced forms ---------------------------------------------------------------------------------
@@ -96,7 +89,7 @@ def rst_base_async(r: int, n: int) -> Any:
 
 @scenario
 def coalesce_all_reduce(r: int, n: int) -> Any:
-    a, b = _base(r, (3,)), _base(r, (2, 2), torch.int64)
+    a, b = rank_input(r, (3,)), rank_input(r, (2, 2), torch.int64)
     with dist._coalescing_manager(async_ops=True) as cm:
         dist.all_reduce(a, async_op=True)
         dist.all_reduce(b, async_op=True)
@@ -108,8 +101,8 @@ def coalesce_all_reduce(r: int, n: int) -> Any:
 def coalesce_all_gather_into(r: int, n: int) -> Any:
     outs = [torch.zeros(n * 2), torch.zeros(n * 3)]
     with dist._coalescing_manager():
-        dist.all_gather_into_tensor(outs[0], _base(r, (2,)))
-        dist.all_gather_into_tensor(outs[1], _base(r, (3,)))
+        dist.all_gather_into_tensor(outs[0], rank_input(r, (2,)))
+        dist.all_gather_into_tensor(outs[1], rank_input(r, (3,)))
     return outs
 
 
@@ -117,25 +110,25 @@ def coalesce_all_gather_into(r: int, n: int) -> Any:
 def coalesce_reduce_scatter(r: int, n: int) -> Any:
     outs = [torch.zeros(2), torch.zeros(3)]
     with dist._coalescing_manager(async_ops=True) as cm:
-        dist.reduce_scatter_tensor(outs[0], _base(r, (n * 2,)), async_op=True)
-        dist.reduce_scatter_tensor(outs[1], _base(r, (n * 3,)), async_op=True)
+        dist.reduce_scatter_tensor(outs[0], rank_input(r, (n * 2,)), async_op=True)
+        dist.reduce_scatter_tensor(outs[1], rank_input(r, (n * 3,)), async_op=True)
     cm.wait()
     return outs
 
 
 @scenario
 def all_reduce_coalesced(r: int, n: int) -> Any:
-    ts = [_base(r, (3,)), _base(r, (2, 2))]
+    ts = [rank_input(r, (3,)), rank_input(r, (2, 2))]
     fut = dist.all_reduce_coalesced(ts, op=dist.ReduceOp.PRODUCT, async_op=True)  # torch hands back a Future
     val = fut.wait()
-    us = [_base(r, (2,), torch.int64), _base(r, (1,), torch.int64)]
+    us = [rank_input(r, (2,), torch.int64), rank_input(r, (1,), torch.int64)]
     dist.all_reduce_coalesced(us, op=dist.ReduceOp.BXOR)
     return [ts, type(val).__name__, list(val), us]
 
 
 @scenario
 def all_gather_coalesced(r: int, n: int) -> Any:
-    ins = [_base(r, (2,)), _base(r, (1, 3))]
+    ins = [rank_input(r, (2,)), rank_input(r, (1, 3))]
     outs = [[torch.zeros(2), torch.zeros(1, 3)] for _ in range(n)]
     dist.all_gather_coalesced(outs, ins)
     return outs
@@ -152,7 +145,7 @@ def _split(src: int, dst: int) -> int:
 def a2a_single_uneven(r: int, n: int) -> Any:
     ins = [_split(r, j) for j in range(n)]
     outs = [_split(j, r) for j in range(n)]
-    inp = _base(r, (sum(ins), 2))
+    inp = rank_input(r, (sum(ins), 2))
     out = torch.full((sum(outs), 2), -1.0)
     dist.all_to_all_single(out, inp, outs, ins)
     return out
@@ -161,12 +154,12 @@ def a2a_single_uneven(r: int, n: int) -> Any:
 @scenario
 def a2a_single_async_even(r: int, n: int) -> Any:
     out = torch.zeros(n * 2, dtype=torch.int64)
-    return _work(dist.all_to_all_single(out, _base(r, (n * 2,), torch.int64), async_op=True))
+    return _work(dist.all_to_all_single(out, rank_input(r, (n * 2,), torch.int64), async_op=True))
 
 
 @scenario
 def a2a_list_sizes(r: int, n: int) -> Any:
-    ins = [_base(r, (r + j + 1,)) for j in range(n)]
+    ins = [rank_input(r, (r + j + 1,)) for j in range(n)]
     outs = [torch.zeros(j + r + 1) for j in range(n)]
     dist.all_to_all(outs, ins)
     return outs
@@ -177,7 +170,7 @@ def a2a_list_sizes(r: int, n: int) -> Any:
 
 @scenario
 def batch_ring(r: int, n: int) -> Any:
-    send = _base(r, (3,))
+    send = rank_input(r, (3,))
     got = torch.zeros(3)
     ops = [dist.P2POp(dist.isend, send, (r + 1) % n), dist.P2POp(dist.irecv, got, (r - 1) % n)]
     works = dist.batch_isend_irecv(ops)
@@ -188,7 +181,7 @@ def batch_ring(r: int, n: int) -> Any:
 
 @scenario
 def batch_self(r: int, n: int) -> Any:
-    send = _base(r, (3,))
+    send = rank_input(r, (3,))
     got = torch.zeros(3)
     works = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, r), dist.P2POp(dist.irecv, got, r)])
     for w in works:
@@ -200,14 +193,14 @@ def batch_self(r: int, n: int) -> Any:
 def send_two_tensors(r: int, n: int) -> Any:
     """A backend's send takes one tensor: both raise a RuntimeError before any message (hpcdist's ValueError too)."""
     pg = dist.distributed_c10d._get_default_group()
-    pg.send([_base(r, (2,)), _base(r, (2,))], (r + 1) % n, 0)
+    pg.send([rank_input(r, (2,)), rank_input(r, (2,))], (r + 1) % n, 0)
 
 
 @scenario
 def send_recv_tags(r: int, n: int) -> Any:
     if r == 0:
-        a = dist.isend(_base(0, (2,)), 1, tag=7)
-        b = dist.isend(_base(5, (2,)), 1, tag=9)
+        a = dist.isend(rank_input(0, (2,)), 1, tag=7)
+        b = dist.isend(rank_input(5, (2,)), 1, tag=9)
         a.wait()
         b.wait()
         return None
@@ -228,8 +221,8 @@ def recv_any_source(r: int, n: int) -> Any:
         w.wait()
         return [t, src, type(src).__name__, w._source_rank() if hasattr(w, "_source_rank") else None]
     if r == 0:
-        dist.send(_base(r, (2,)), n - 1)
-        dist.send(_base(r, (2,)), n - 1)
+        dist.send(rank_input(r, (2,)), n - 1)
+        dist.send(rank_input(r, (2,)), n - 1)
     return None
 
 
@@ -246,11 +239,11 @@ def subgroup_gather_scatter_bcast(r: int, n: int) -> Any:
     if r not in (0, n - 1):
         return None
     gl = [torch.zeros(2) for _ in range(2)] if r == n - 1 else None
-    dist.gather(_base(r, (2,)), gl, group=g, group_dst=1)
+    dist.gather(rank_input(r, (2,)), gl, group=g, group_dst=1)
     out = torch.zeros(2)
-    sl = [_base(9, (2,)), _base(7, (2,))] if r == 0 else None
+    sl = [rank_input(9, (2,)), rank_input(7, (2,))] if r == 0 else None
     dist.scatter(out, sl, group=g, group_src=0)
-    b = _base(r, (2,))
+    b = rank_input(r, (2,))
     dist.broadcast(b, group=g, group_src=1)
     return [gl, out, b, dist.get_group_rank(g, r)]
 
@@ -326,12 +319,12 @@ def ops_zero_dim(r: int, n: int) -> Any:
 
 @scenario
 def op_avg_float(r: int, n: int) -> Any:
-    return _reduce_all(["AVG"], torch.float32, lambda r: _base(r, (3,)))
+    return _reduce_all(["AVG"], torch.float32, lambda r: rank_input(r, (3,)))
 
 
 @scenario
 def op_premul_sum(r: int, n: int) -> Any:
-    t = _base(r, (3,))
+    t = rank_input(r, (3,))
     dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
     return t
 
@@ -341,14 +334,14 @@ def op_premul_sum(r: int, n: int) -> Any:
 
 @scenario
 def noncontig_all_reduce_transpose(r: int, n: int) -> Any:
-    base = _base(r, (3, 4))
+    base = rank_input(r, (3, 4))
     dist.all_reduce(base.T)
     return base
 
 
 @scenario
 def noncontig_broadcast_slice(r: int, n: int) -> Any:
-    base = _base(r, (4, 4))
+    base = rank_input(r, (4, 4))
     dist.broadcast(base[:, ::2], src=n - 1)
     return base
 
@@ -356,14 +349,14 @@ def noncontig_broadcast_slice(r: int, n: int) -> Any:
 @scenario
 def noncontig_all_gather_outputs(r: int, n: int) -> Any:
     bases = [torch.zeros(3, 4) for _ in range(n)]
-    dist.all_gather([b[:, 1] for b in bases], _base(r, (3, 4))[:, 2])
+    dist.all_gather([b[:, 1] for b in bases], rank_input(r, (3, 4))[:, 2])
     return bases
 
 
 @scenario
 def noncontig_agit_input(r: int, n: int) -> Any:
     out = torch.zeros(n * 3)
-    dist.all_gather_into_tensor(out, _base(r, (3, 2))[:, 0])
+    dist.all_gather_into_tensor(out, rank_input(r, (3, 2))[:, 0])
     return out
 
 
@@ -406,19 +399,21 @@ def objects(r: int, n: int) -> Any:
 
 @scenario
 def works_async(r: int, n: int) -> Any:
-    b = _base(r, (2,), torch.int64)
+    b = rank_input(r, (2,), torch.int64)
     rec = {"broadcast": _work(dist.broadcast(b, src=1, async_op=True))}
     outs = [torch.zeros(2, dtype=torch.bool) for _ in range(n)]
     rec["all_gather"] = _work(dist.all_gather(outs, torch.tensor([r % 2 == 0, True]), async_op=True))
     rec["barrier"] = _work(dist.barrier(async_op=True))
     g = [torch.zeros(1) for _ in range(n)] if r == 0 else None
-    rec["gather"] = _work(dist.gather(_base(r, (1,)), g, dst=0, async_op=True))
+    rec["gather"] = _work(dist.gather(rank_input(r, (1,)), g, dst=0, async_op=True))
     out = torch.zeros(1)
-    rec["scatter"] = _work(dist.scatter(out, [_base(j, (1,)) for j in range(n)] if r == 1 else None, 1, async_op=True))
+    rec["scatter"] = _work(
+        dist.scatter(out, [rank_input(j, (1,)) for j in range(n)] if r == 1 else None, 1, async_op=True)
+    )
     rs = torch.zeros(2, dtype=torch.int8)
-    ins = [_base(r + j, (2,), torch.int8) for j in range(n)]
+    ins = [rank_input(r + j, (2,), torch.int8) for j in range(n)]
     rec["reduce_scatter"] = _work(dist.reduce_scatter(rs, ins, op=dist.ReduceOp.MIN, async_op=True))
-    red = _base(r, (2,))
+    red = rank_input(r, (2,))
     w = dist.reduce(red, dst=n - 1, op=dist.ReduceOp.MAX, async_op=True)
     rec["reduce"] = _work(w) if r == n - 1 else w.wait()  # others' contents differ (docs/torch.md: reduce)
     return rec
@@ -427,7 +422,7 @@ def works_async(r: int, n: int) -> Any:
 @scenario
 def works_p2p(r: int, n: int) -> Any:
     if r == 0:
-        return _work(dist.isend(_base(r, (3,)), 1, tag=3))
+        return _work(dist.isend(rank_input(r, (3,)), 1, tag=3))
     if r == 1:
         return _work(dist.irecv(torch.zeros(3), 0, tag=3))
     return None
@@ -466,7 +461,7 @@ def zero_dim_agit(r: int, n: int) -> Any:
 @scenario
 def a2a_single_output_splits_only(r: int, n: int) -> Any:
     out = torch.zeros(2 * n, 2)
-    dist.all_to_all_single(out, _base(r, (2 * n, 2)), output_split_sizes=[2] * n)
+    dist.all_to_all_single(out, rank_input(r, (2 * n, 2)), output_split_sizes=[2] * n)
     return out
 
 
@@ -475,7 +470,7 @@ def a2a_single_all_empty_from_one(r: int, n: int) -> Any:
     ins = [0 if r == 0 else 1 for _ in range(n)]
     outs = [0 if j == 0 else 1 for j in range(n)]
     out = torch.full((sum(outs),), -1, dtype=torch.int32)
-    dist.all_to_all_single(out, _base(r, (sum(ins),), torch.int32), outs, ins)
+    dist.all_to_all_single(out, rank_input(r, (sum(ins),), torch.int32), outs, ins)
     return out
 
 
@@ -499,7 +494,7 @@ def subgroup_objects_and_reduce(r: int, n: int) -> Any:
     dist.broadcast_object_list(bl, group=g, group_src=1)
     sc: list[Any] = [None]
     dist.scatter_object_list(sc, ["to0", "to1"] if r == n - 1 else None, group=g, group_src=1)
-    t = _base(r, (2,), torch.int64)
+    t = rank_input(r, (2,), torch.int64)
     dist.reduce(t, group=g, group_dst=1, op=dist.ReduceOp.MIN)
     return [gl, bl, sc, t if r == n - 1 else None]
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from differential import UNSUPPORTED, Scenarios, compare_runs, raised, run_scenarios, xfail_param
+from differential import UNSUPPORTED, Scenarios, compare_runs, raised, rank_input, run_scenarios, xfail_param
 
 dist: Any = None  # the module under test, bound by main(): torch.distributed or hpcdist
 MESSAGES: list[str] = []  # what the raises inside a scenario said (_try): saved for reading, not compared
@@ -52,13 +52,6 @@ def _try(fn: Callable[[], Any]) -> Any:
             got = raised(exc)
             MESSAGES.append(f"{type(exc).__name__}: {str(exc)[:200]}")
     return {"got": got, "warned": any(issubclass(w.category, UserWarning) for w in caught)}
-
-
-def _base(r: int, shape: tuple[int, ...], dtype: Any = torch.float32) -> Any:
-    n = 1
-    for s in shape:
-        n *= s
-    return (torch.arange(n, dtype=torch.float64).reshape(shape) + 10 * r + 1).to(dtype)
 
 
 def _g(group: Any) -> Any:
@@ -146,7 +139,7 @@ def new_group_local_sync_members_only(r: int, n: int) -> Any:
     if r not in (0, n - 1):
         return None
     g = dist.new_group([n - 1, 0], use_local_synchronization=True)
-    t = _base(r, (2,))
+    t = rank_input(r, (2,))
     dist.all_reduce(t, group=g)
     return [_g(g), t]
 
@@ -305,17 +298,19 @@ def ops_complex(r: int, n: int) -> Any:
 
 @scenario
 def op_avg_float(r: int, n: int) -> Any:
-    return {str(dt): _reduce_all(["AVG"], lambda r, dt=dt: _base(r, (3,), dt)) for dt in (torch.float32, torch.float16)}
+    return {
+        str(dt): _reduce_all(["AVG"], lambda r, dt=dt: rank_input(r, (3,), dt)) for dt in (torch.float32, torch.float16)
+    }
 
 
 @scenario
 def op_avg_int(r: int, n: int) -> Any:
-    return _reduce_all(["AVG"], lambda r: _base(r, (3,), torch.int32))
+    return _reduce_all(["AVG"], lambda r: rank_input(r, (3,), torch.int32))
 
 
 @scenario
 def op_premul_sum(r: int, n: int) -> Any:
-    t = _base(r, (3,))
+    t = rank_input(r, (3,))
     dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
     return t
 
@@ -324,14 +319,14 @@ def op_premul_sum(r: int, n: int) -> Any:
 def all_reduce_zero_dim_noncontig(r: int, n: int) -> Any:
     z = torch.tensor(r + 2.0)
     dist.all_reduce(z, dist.ReduceOp.MAX)
-    base = _base(r, (3, 4), torch.int32)
+    base = rank_input(r, (3, 4), torch.int32)
     dist.all_reduce(base.T)
     return [z, base]
 
 
 @scenario
 def all_reduce_async_work(r: int, n: int) -> Any:
-    t = _base(r, (3,), torch.float64)
+    t = rank_input(r, (3,), torch.float64)
     return [_work(dist.all_reduce(t, async_op=True)), t]
 
 
@@ -341,7 +336,7 @@ def all_reduce_async_work(r: int, n: int) -> Any:
 @scenario
 def reduce_group_dst(r: int, n: int) -> Any:
     g = _pair(n)
-    t = _base(r, (2,), torch.int64)
+    t = rank_input(r, (2,), torch.int64)
     w = dist.reduce(t, group=g, group_dst=1, op=dist.ReduceOp.MAX, async_op=True)
     if r not in (0, n - 1):
         return w
@@ -351,10 +346,10 @@ def reduce_group_dst(r: int, n: int) -> Any:
 
 @scenario
 def broadcast_keywords(r: int, n: int) -> Any:
-    a = _base(r, (3,), torch.float16)
+    a = rank_input(r, (3,), torch.float16)
     dist.broadcast(a, src=n - 1)
     g = _pair(n)
-    b = _base(r, (2,), torch.complex64) * 1j
+    b = rank_input(r, (2,), torch.complex64) * 1j
     if r in (0, n - 1):
         dist.broadcast(b, group=g, group_src=1)
     c = torch.tensor(r * 10)
@@ -365,12 +360,12 @@ def broadcast_keywords(r: int, n: int) -> Any:
 @scenario
 def gather_lists(r: int, n: int) -> Any:
     gl = [torch.zeros(2) for _ in range(n)] if r == 0 else None
-    dist.gather(_base(r, (2,)), gl, dst=0)  # None on the others
+    dist.gather(rank_input(r, (2,)), gl, dst=0)  # None on the others
     gl2 = [torch.zeros(2, dtype=torch.int32) for _ in range(n)] if r == n - 1 else None
     if r == n - 1:
-        dist.gather(_base(r, (2,), torch.int32), gather_list=gl2, dst=n - 1)
+        dist.gather(rank_input(r, (2,), torch.int32), gather_list=gl2, dst=n - 1)
     else:
-        dist.gather(_base(r, (2,), torch.int32), dst=n - 1)  # the list left out
+        dist.gather(rank_input(r, (2,), torch.int32), dst=n - 1)  # the list left out
     gl3 = [torch.zeros(()) for _ in range(n)] if r == 0 else []
     dist.gather(torch.tensor(r + 0.5), gl3, dst=0)  # an empty list on the others
     return [gl, gl2, gl3]
@@ -379,25 +374,25 @@ def gather_lists(r: int, n: int) -> Any:
 @scenario
 def scatter_lists(r: int, n: int) -> Any:
     out = torch.zeros(2)
-    dist.scatter(out, [_base(j, (2,)) for j in range(n)] if r == 0 else None, src=0)
+    dist.scatter(out, [rank_input(j, (2,)) for j in range(n)] if r == 0 else None, src=0)
     out2 = torch.zeros(2, dtype=torch.int64)
     if r == 1:
-        dist.scatter(out2, scatter_list=[_base(j, (2,), torch.int64) for j in range(n)], src=1)
+        dist.scatter(out2, scatter_list=[rank_input(j, (2,), torch.int64) for j in range(n)], src=1)
     else:
         dist.scatter(out2, src=1)
     g = _pair(n)
     out3 = torch.zeros(1)
     if r in (0, n - 1):
-        dist.scatter(out3, [_base(5, (1,)), _base(6, (1,))] if r == n - 1 else [], group=g, group_src=1)
+        dist.scatter(out3, [rank_input(5, (1,)), rank_input(6, (1,))] if r == n - 1 else [], group=g, group_src=1)
     return [out, out2, out3]
 
 
 @scenario
 def gather_scatter_async(r: int, n: int) -> Any:
     gl = [torch.zeros(1) for _ in range(n)] if r == 0 else None
-    wg = _work(dist.gather(_base(r, (1,)), gl, dst=0, async_op=True))
+    wg = _work(dist.gather(rank_input(r, (1,)), gl, dst=0, async_op=True))
     out = torch.zeros(1)
-    ws = _work(dist.scatter(out, [_base(j, (1,)) for j in range(n)] if r == 1 else None, src=1, async_op=True))
+    ws = _work(dist.scatter(out, [rank_input(j, (1,)) for j in range(n)] if r == 1 else None, src=1, async_op=True))
     return [wg, gl, ws, out]
 
 
@@ -409,72 +404,72 @@ def all_gather_list(r: int, n: int) -> Any:
     outs = [torch.zeros(2, 2, dtype=torch.bool) for _ in range(n)]
     dist.all_gather(outs, torch.tensor([[r % 2 == 0, True], [False, r > 0]]))
     halves = [torch.zeros(3, dtype=torch.float16) for _ in range(n)]
-    w = dist.all_gather(halves, _base(r, (3,), torch.float16), async_op=True)
+    w = dist.all_gather(halves, rank_input(r, (3,), torch.float16), async_op=True)
     return [outs, halves, _work(w)]
 
 
 @scenario
 def all_gather_noncontig(r: int, n: int) -> Any:
     bases = [torch.zeros(3, 4) for _ in range(n)]
-    dist.all_gather([b[:, 1] for b in bases], _base(r, (3, 4))[:, 2])
+    dist.all_gather([b[:, 1] for b in bases], rank_input(r, (3, 4))[:, 2])
     return bases
 
 
 @scenario
 def agit_concat(r: int, n: int) -> Any:
     out = torch.zeros(n * 2, 3, dtype=torch.int64)
-    dist.all_gather_into_tensor(out, _base(r, (2, 3), torch.int64))
+    dist.all_gather_into_tensor(out, rank_input(r, (2, 3), torch.int64))
     z = torch.zeros(n * 2, dtype=torch.complex64)
-    dist.all_gather_into_tensor(z, _base(r, (2,), torch.complex64) * (1 + 1j))
+    dist.all_gather_into_tensor(z, rank_input(r, (2,), torch.complex64) * (1 + 1j))
     return [out, z]
 
 
 @scenario
 def agit_async_work(r: int, n: int) -> Any:
     out = torch.zeros(n * 2)
-    w = dist.all_gather_into_tensor(out, _base(r, (2,)), async_op=True)
+    w = dist.all_gather_into_tensor(out, rank_input(r, (2,)), async_op=True)
     return [_work(w), out]
 
 
 @scenario
 def agit_stacked(r: int, n: int) -> Any:
     out = torch.zeros(n, 2, 3)
-    dist.all_gather_into_tensor(out, _base(r, (2, 3)))
+    dist.all_gather_into_tensor(out, rank_input(r, (2, 3)))
     return out
 
 
 @scenario
 def reduce_scatter_list(r: int, n: int) -> Any:
     out = torch.zeros(2, dtype=torch.int32)
-    dist.reduce_scatter(out, [_base(r + j, (2,), torch.int32) for j in range(n)])
+    dist.reduce_scatter(out, [rank_input(r + j, (2,), torch.int32) for j in range(n)])
     return out
 
 
 @scenario
 def reduce_scatter_async(r: int, n: int) -> Any:
     out = torch.zeros(2)
-    w = dist.reduce_scatter(out, [_base(r * j, (2,)) for j in range(n)], op=dist.ReduceOp.MAX, async_op=True)
+    w = dist.reduce_scatter(out, [rank_input(r * j, (2,)) for j in range(n)], op=dist.ReduceOp.MAX, async_op=True)
     return [_work(w), out]
 
 
 @scenario
 def rst_concat(r: int, n: int) -> Any:
     out = torch.zeros(2, 3, dtype=torch.int32)
-    dist.reduce_scatter_tensor(out, _base(r, (n * 2, 3), torch.int32))
+    dist.reduce_scatter_tensor(out, rank_input(r, (n * 2, 3), torch.int32))
     return out
 
 
 @scenario
 def rst_async(r: int, n: int) -> Any:
     out = torch.zeros(3, dtype=torch.float64)
-    w = dist.reduce_scatter_tensor(out, _base(r, (n * 3,), torch.float64), op=dist.ReduceOp.MIN, async_op=True)
+    w = dist.reduce_scatter_tensor(out, rank_input(r, (n * 3,), torch.float64), op=dist.ReduceOp.MIN, async_op=True)
     return [_work(w), out]
 
 
 @scenario
 def all_to_all_list(r: int, n: int) -> Any:
     outs = [torch.zeros(2, dtype=torch.int64) for _ in range(n)]
-    dist.all_to_all(outs, [_base(r * n + j, (2,), torch.int64) for j in range(n)])
+    dist.all_to_all(outs, [rank_input(r * n + j, (2,), torch.int64) for j in range(n)])
     return outs
 
 
@@ -487,9 +482,9 @@ def a2a_single_uneven(r: int, n: int) -> Any:
     ins = [_split(r, j) for j in range(n)]
     outs = [_split(j, r) for j in range(n)]
     out = torch.full((sum(outs), 2), -1.0)
-    dist.all_to_all_single(out, _base(r, (sum(ins), 2)), output_split_sizes=outs, input_split_sizes=ins)
+    dist.all_to_all_single(out, rank_input(r, (sum(ins), 2)), output_split_sizes=outs, input_split_sizes=ins)
     even = torch.zeros(n * 2, dtype=torch.int64)
-    w = dist.all_to_all_single(even, _base(r, (n * 2,), torch.int64), async_op=True)
+    w = dist.all_to_all_single(even, rank_input(r, (n * 2,), torch.int64), async_op=True)
     return [out, _work(w), even]
 
 
@@ -518,8 +513,8 @@ def monitored_barrier_fn(r: int, n: int) -> Any:
 @scenario
 def send_recv_tags(r: int, n: int) -> Any:
     if r == 0:
-        a = dist.isend(_base(0, (2,)), 1, tag=7)
-        b = dist.isend(_base(5, (2,), torch.int32), dst=1, tag=9)
+        a = dist.isend(rank_input(0, (2,)), 1, tag=7)
+        b = dist.isend(rank_input(5, (2,), torch.int32), dst=1, tag=9)
         return [_work(a), _work(b)]
     if r == 1:
         x, y = torch.zeros(2), torch.zeros(2, dtype=torch.int32)
@@ -536,7 +531,7 @@ def recv_any_source(r: int, n: int) -> Any:
         src = dist.recv(t)
         return [t, _value(src)]
     if r == 0:
-        dist.send(_base(r, (2,)), dst=n - 1)
+        dist.send(rank_input(r, (2,)), dst=n - 1)
     return None
 
 
@@ -544,7 +539,7 @@ def recv_any_source(r: int, n: int) -> Any:
 def p2p_group_keywords(r: int, n: int) -> Any:
     g = _pair(n)
     if r == 0:
-        dist.send(_base(3, (2,)), group=g, group_dst=1, tag=4)
+        dist.send(rank_input(3, (2,)), group=g, group_dst=1, tag=4)
         return None
     if r == n - 1:
         t = torch.zeros(2)
@@ -555,7 +550,7 @@ def p2p_group_keywords(r: int, n: int) -> Any:
 
 @scenario
 def batch_ring(r: int, n: int) -> Any:
-    send = _base(r, (3,))
+    send = rank_input(r, (3,))
     got = torch.zeros(3)
     ops = [dist.P2POp(dist.isend, send, (r + 1) % n), dist.P2POp(dist.irecv, got, (r - 1) % n, tag=0)]
     works = dist.batch_isend_irecv(ops)
@@ -571,7 +566,7 @@ def batch_group_peer(r: int, n: int) -> Any:
     got = torch.zeros(2, dtype=torch.int64)
     peer = 1 - dist.get_rank(g)
     ops = [
-        dist.P2POp(dist.isend, _base(r, (2,), torch.int64), group=g, group_peer=peer, tag=3),
+        dist.P2POp(dist.isend, rank_input(r, (2,), torch.int64), group=g, group_peer=peer, tag=3),
         dist.P2POp(dist.irecv, got, group=g, group_peer=peer, tag=3),
     ]
     for w in dist.batch_isend_irecv(ops):
@@ -582,7 +577,7 @@ def batch_group_peer(r: int, n: int) -> Any:
 @scenario
 def sync_returns(r: int, n: int) -> Any:
     """What the blocking calls return (torch: None, recv the sender's rank)."""
-    t = _base(r, (2,))
+    t = rank_input(r, (2,))
     got = {
         "all_reduce": dist.all_reduce(t),
         "broadcast": dist.broadcast(t, src=0),
@@ -700,7 +695,7 @@ def nonmember_collectives(r: int, n: int) -> Any:
         t = torch.ones(2)
         dist.all_reduce(t, group=g)
         return t
-    t = _base(r, (2,))
+    t = rank_input(r, (2,))
     out = {
         "all_reduce": _try(lambda: dist.all_reduce(t, group=g)),
         "broadcast": _try(lambda: dist.broadcast(t, src=0, group=g)),
@@ -719,7 +714,7 @@ def nonmember_send(r: int, n: int) -> Any:
     g = _first()
     if r == 0:
         return None
-    return _try(lambda: dist.send(_base(r, (2,)), 0, group=g))
+    return _try(lambda: dist.send(rank_input(r, (2,)), 0, group=g))
 
 
 # -- argument errors -----------------------------------------------------------------------------------
