@@ -72,14 +72,20 @@ def run_limited(cmd: list[str], env: dict[str, str], limit: float, cwd: Path | N
     except subprocess.TimeoutExpired:
         rows = _processes(proc.pid)  # what was still running, and where it waited
         python_tracebacks(rows)
-        os.killpg(proc.pid, signal.SIGKILL)
-        for pid, *_ in rows:  # Hydra's proxies and their ranks run in sessions of their own
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        kill_tree(proc.pid, rows)
         out, err = proc.communicate()
         err += processes_report(rows)
         timed_out = True
     return Result(proc.returncode, out, err, time.monotonic() - t0, timed_out)
+
+
+def kill_tree(root: int, rows: list[tuple[int, list[str], str, str]]) -> None:
+    """SIGKILL the session of ``root`` and every process of ``rows`` (:func:`_processes`): Hydra's proxies and
+    their ranks run in sessions of their own, so ``killpg`` alone reaches only mpiexec."""
+    os.killpg(root, signal.SIGKILL)
+    for pid, *_ in rows:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 #: where the flight recorder dumps of jobs started by :func:`hpcdist_cli` go (not the test's working directory)
