@@ -16,6 +16,7 @@ fails, its traceback is printed once (prefixed ``[rank N]``), the job ends and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -311,12 +312,14 @@ def _failed_status(status_dir: str) -> int:
     return 1
 
 
-#: Signals that end the job: forwarded to the launcher as SIGTERM (torchrun handles the same set).
-_FORWARDED = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
+#: Signals that end the job: forwarded to the launcher as SIGTERM (torchrun handles the same set, and SIGINT as
+#: SIGTERM). SIGINT is handled too, not left to KeyboardInterrupt: raised between any two bytecodes, that could leave
+#: subprocess's waitpid lock taken, and the wait after it would never return.
+_FORWARDED = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
 
 
 def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
-    """SIGTERM the launcher (it forwards to the ranks), SIGKILL after ``grace`` seconds."""
+    """SIGTERM the launcher (it forwards to the ranks), SIGKILL after ``grace`` seconds; never waits unbounded."""
     if proc.poll() is not None:
         return
     proc.terminate()
@@ -324,11 +327,14 @@ def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
 
 
-def _supervise(proc: subprocess.Popen, status_dir: str, timeout: float | None) -> tuple[int, str | None]:
-    """Wait for the launcher; end it on a reported failure or the timeout."""
+def _supervise(
+    proc: subprocess.Popen, status_dir: str, timeout: float | None, signalled: list[int]
+) -> tuple[int, str | None]:
+    """Wait for the launcher; end it on a reported failure, the timeout or a signal (``signalled`` non-empty)."""
     start = time.monotonic()
     failed_at: float | None = None
     while True:
@@ -337,6 +343,9 @@ def _supervise(proc: subprocess.Popen, status_dir: str, timeout: float | None) -
             return rc, None
         except subprocess.TimeoutExpired:
             pass
+        if signalled:  # the handler asked the launcher to end the ranks: give it the grace, then kill it
+            _stop(proc)
+            return proc.returncode if proc.returncode is not None else 128 + signalled[0], None
         now = time.monotonic()
         if failed_at is None and any(Path(status_dir).glob("rank-*.json")):
             failed_at = now
@@ -367,16 +376,11 @@ def execute(opts: RunOptions, env: Mapping[str, str] | None = None) -> int:
         got: list[int] = []
 
         def forward(signum: int, _frame: object) -> None:  # as torchrun: end the job, report the signal
-            got.append(signum)
-            if proc.poll() is None:
-                proc.terminate()  # the launcher forwards SIGTERM to the ranks
+            got.append(signum)  # _supervise ends the launcher: no work here, where the main thread was interrupted
 
         previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
         try:
-            rc, note = _supervise(proc, status_dir, opts.timeout)
-        except KeyboardInterrupt:
-            _stop(proc)
-            return 130
+            rc, note = _supervise(proc, status_dir, opts.timeout, got)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

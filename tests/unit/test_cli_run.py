@@ -281,3 +281,38 @@ def test_bootstrap_sets_torchruns_node_role_and_restart_variables(info, env, pla
     assert (env["ROLE_RANK"], env["ROLE_WORLD_SIZE"], env["ROLE_NAME"]) == (str(info.rank), str(info.size), "default")
     assert env["TORCHELASTIC_RESTART_COUNT"] == env["TORCHELASTIC_MAX_RESTARTS"] == "0"
     assert "TORCHELASTIC_RUN_ID" not in env and "TORCHELASTIC_USE_AGENT_STORE" not in env
+
+
+def test_stop_never_waits_unbounded_even_where_an_interrupted_wait_kept_the_lock():
+    """SUSPECT (test_signal_to_the_launcher_ends_every_rank[SIGINT] hung once in 20 s): SIGINT reached
+    ``hpcdist run`` as a KeyboardInterrupt, raised between any two bytecodes, also inside ``Popen.wait``
+    where it can leave the waitpid lock taken; ``_stop`` then waited on that lock after its SIGKILL with no
+    limit. Now SIGINT is handled as SIGTERM (no KeyboardInterrupt) and ``_stop`` never waits unbounded:
+    here a launcher that ignores SIGTERM, with the lock held as such a wait leaves it, is killed and
+    ``_stop`` returns."""
+    import signal
+    import subprocess
+    import threading
+
+    assert signal.SIGINT in runmod._FORWARDED
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"1"  # SIGTERM is ignored from here
+        assert proc._waitpid_lock.acquire(False)  # type: ignore[attr-defined]  # as an interrupted wait leaves it
+        done = threading.Event()
+        stopper = threading.Thread(target=lambda: (runmod._stop(proc, grace=0.3), done.set()), daemon=True)
+        stopper.start()
+        assert done.wait(30), "_stop waited without limit"
+        proc._waitpid_lock.release()  # type: ignore[attr-defined]
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
