@@ -62,8 +62,9 @@ Knobs are read when asked for (never at import time), so a program may set
                                  ``1`` (shared memory always), ``0`` (MPI)
 ``HPCDIST_SHM_SLOT``             bytes per rank and pipeline stage of the
                                  shared-memory segment (default 1 MiB)
-``HPCDIST_MPI_TUNE``             ``1`` (default): a launcher-free world
-                                 starts the embedded MPICH with the settings
+``HPCDIST_MPI_TUNE``             ``1`` (default): a launcher-free world, and
+                                 ``hpcdist run`` with every rank on this host,
+                                 start the embedded MPICH with the settings
                                  of :mod:`hpcdist.rendezvous.mpi_env`, where
                                  unset; ``0``: hpcdist sets no MPI variable
 ===============================  ===========================================
@@ -124,7 +125,8 @@ KNOBS: dict[str, str] = {
     "HPCDIST_SHM_DIRECT": "1: node-local collectives read peers' arrays directly (process_vm_readv) where the OS "
     "allows it; 0 (default): through the shared-memory segment (docs/performance.md)",
     "HPCDIST_SHM_SLOT": "bytes per rank and pipeline stage of the shared-memory segment (1048576)",
-    "HPCDIST_MPI_TUNE": "1 (default): launcher-free worlds start the embedded MPICH with UCX_MEM_EVENTS=no and, "
+    "HPCDIST_MPI_TUNE": "1 (default): launcher-free worlds, and hpcdist run with every rank on this host, start "
+    "the embedded MPICH with UCX_MEM_EVENTS=no and, "
     "on an oversubscribed host, MPIR_CVAR_ENABLE_HEAVY_YIELD=1, where unset; 0: set nothing",
 }
 

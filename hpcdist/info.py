@@ -110,10 +110,10 @@ def _launcher(env: Mapping[str, str]) -> dict[str, Any]:
     out["srun"] = shutil.which("srun")
     out["slurm_allocation"] = env.get("SLURM_JOB_ID")
     if detect_launcher(env) is None:  # a launcher-free init_process_group would start MPI with these
-        from hpcdist.rendezvous.mpi_env import _cpus, choose, embedded_mpich
+        from hpcdist.rendezvous.mpi_env import choose, cpus, embedded_mpich
 
         try:
-            chosen = choose(env, _cpus(), embedded_mpich(env))
+            chosen = choose(env, cpus(), embedded_mpich(env))
         except ValueError as exc:  # a garbled HPCDIST_MPI_TUNE: reported, as init_process_group would raise it
             out["launcher_free_mpi"] = f"error: {exc}"
         else:

@@ -259,6 +259,22 @@ def _master(opts: RunOptions, launcher_name: str, env: Mapping[str, str]) -> tup
     return addr, port
 
 
+#: variables of the batch systems whose allocations MPICH's Hydra spreads the ranks over, without --hosts
+_ALLOCATION_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "PE_HOSTFILE", "COBALT_JOBID")
+
+
+def _one_host_mpi_settings(opts: RunOptions, launcher_name: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The MPI variables a launcher-free world on one host starts the embedded MPICH with
+    (:func:`hpcdist.rendezvous.mpi_env.choose`: ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1`` when the ranks outnumber
+    the CPUs, ``UCX_MEM_EVENTS=no``), for a launch that puts every rank on this host: Hydra's mpiexec with
+    no ``--hosts``/``--hostfile`` outside a batch allocation. Elsewhere (other hosts, srun, Open MPI) none."""
+    if launcher_name != "hydra" or opts.hosts or opts.hostfile or any(env.get(v) for v in _ALLOCATION_VARS):
+        return {}
+    from ..rendezvous import mpi_env
+
+    return mpi_env.choose({**env, "LOCAL_WORLD_SIZE": str(opts.nprocs)}, mpi_env.cpus(), mpi_env.embedded_mpich(env))
+
+
 def build_command(
     opts: RunOptions, env: Mapping[str, str], status_dir: str | None = None, python: str | None = None, **select_kw
 ) -> tuple[list[str], dict[str, str]]:
@@ -271,12 +287,13 @@ def build_command(
         boot.append("--map-gpu")
     if status_dir:
         boot += ["--status-dir", status_dir]
+    tune = _one_host_mpi_settings(opts, launcher.name, env)
     spec = LaunchSpec(
         nprocs=opts.nprocs,
         program=[*boot, "--", *opts.program],
         hosts=opts.hosts,
         hostfile=opts.hostfile,
-        export=["MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED", "PYTHONPATH"]
+        export=["MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED", "PYTHONPATH", *tune]
         + (["OMP_NUM_THREADS"] if opts.nprocs > 1 or "OMP_NUM_THREADS" in env else []),  # set below, or the user's
         extra=opts.launcher_args,
         srun_mpi=opts.srun_mpi,
@@ -285,6 +302,7 @@ def build_command(
     child_env = dict(env)
     child_env["MASTER_ADDR"], child_env["MASTER_PORT"] = _master(opts, launcher.name, env)
     child_env.setdefault("PYTHONUNBUFFERED", "1")  # see output as it happens, not at exit
+    child_env.update(tune)
     if _one_omp_thread(opts, env):
         child_env["OMP_NUM_THREADS"] = "1"
     # the ranks import hpcdist from where this one lives, also from a source tree not installed

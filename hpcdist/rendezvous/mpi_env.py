@@ -1,11 +1,13 @@
 """The MPI settings hpcdist makes before it starts MPI in a process no launcher started.
 
-Under ``mpiexec``/``srun`` hpcdist sets no MPI variable: the launcher and the
-site's configuration decide. In a launcher-free world (``env://``, ``tcp://``,
-``file://``: processes started by multiprocessing, torchrun or a job script)
-hpcdist itself starts MPI, in ``init_process_group``, and it starts the
+Under a user's ``mpiexec``/``srun`` hpcdist sets no MPI variable: the launcher
+and the site's configuration decide. In a launcher-free world (``env://``,
+``tcp://``, ``file://``: processes started by multiprocessing, torchrun or a job
+script) hpcdist itself starts MPI, in ``init_process_group``, and it starts the
 embedded MPICH (the ``mpich`` wheel) with two settings, each only where the
-environment says nothing of the kind:
+environment says nothing of the kind. ``hpcdist run`` gives its ranks the same
+two where it puts them all on this host (MPICH's ``mpiexec``, no ``--hosts`` or
+``--hostfile``, outside a batch allocation: ``hpcdist.launch.run``):
 
 ``UCX_MEM_EVENTS=no``
     The embedded MPICH talks through UCX, whose memory hooks patch eight
@@ -37,7 +39,7 @@ from collections.abc import Mapping, MutableMapping
 
 from .. import config
 
-__all__ = ["apply", "choose", "embedded_mpich"]
+__all__ = ["apply", "choose", "cpus", "embedded_mpich"]
 
 #: a variable the user set for UCX's memory hooks means: leave them alone
 _UCX_MEM_VARS = ("UCX_MEM_EVENTS", "UCX_MEM_MMAP_HOOK_MODE", "UCX_MEM_MALLOC_HOOKS")
@@ -86,7 +88,8 @@ def choose(env: Mapping[str, str], cpus: int, embedded: bool) -> dict[str, str]:
     return out
 
 
-def _cpus() -> int:
+def cpus() -> int:
+    """The CPUs this process may run on (its affinity)."""
     from ..topology import affinity
 
     return len(affinity())
@@ -97,6 +100,6 @@ def apply(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
     env = os.environ if env is None else env
     if "mpi4py.MPI" in sys.modules:  # too late: MPI read its settings when it started
         return {}
-    chosen = choose(env, _cpus(), embedded_mpich(env))
+    chosen = choose(env, cpus(), embedded_mpich(env))
     env.update(chosen)
     return chosen

@@ -53,6 +53,35 @@ def test_run_sets_torchrun_variables_and_passes_args(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_run_on_this_host_starts_mpi_as_a_launcher_free_world_would(tmp_path):
+    """3 ranks on this host get mpi_env.choose's settings for 3 local processes (on this 2-CPU machine:
+    MPICH's yielding waits), and the job runs with them."""
+    from hpcdist.rendezvous import mpi_env
+
+    keys = ("MPIR_CVAR_ENABLE_HEAVY_YIELD", "UCX_MEM_EVENTS")
+    script = write(
+        tmp_path,
+        "tune.py",
+        f"""
+        import os
+        import numpy as np
+        import hpcdist as dist
+        dist.init_process_group("mpi")
+        x = np.ones(3)
+        dist.all_reduce(x)
+        os.write(1, ("TUNE " + repr([os.environ.get(k) for k in {keys!r}]) + f" {{x[0]:g}}" + chr(10)).encode())
+        dist.destroy_process_group()
+        """,
+    )
+    env = {k: None for k in (*keys, "HPCDIST_MPI_TUNE", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "PE_HOSTFILE")}
+    proc = hpcdist("run", "-n", "3", script, env=env)
+    assert proc.returncode == 0, proc.output
+    want = mpi_env.choose({"LOCAL_WORLD_SIZE": "3"}, mpi_env.cpus(), mpi_env.embedded_mpich(os.environ))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("TUNE")]
+    assert lines == [f"TUNE {[want.get(k) for k in keys]!r} 3"] * 3, proc.output
+
+
+@pytest.mark.timeout(120)
 def test_run_forms_one_world_and_prefixes_output(tmp_path):
     script = write(
         tmp_path,

@@ -316,3 +316,37 @@ def test_stop_never_waits_unbounded_even_where_an_interrupted_wait_kept_the_lock
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+YIELD = "MPIR_CVAR_ENABLE_HEAVY_YIELD"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "flavour", "want"),
+    [
+        (["-n", "3"], {}, "hydra", {YIELD: "1", "UCX_MEM_EVENTS": "no"}),  # 3 ranks on 2 CPUs
+        (["-n", "2"], {}, "hydra", {"UCX_MEM_EVENTS": "no"}),  # a CPU each: MPICH's waits spin
+        (["-n", "3"], {YIELD: "0", "UCX_MEM_EVENTS": "yes"}, "hydra", {}),  # the user's settings stay
+        (["-n", "3"], {"HPCDIST_MPI_TUNE": "0"}, "hydra", {}),
+        (["-n", "3", "--hosts", "a,b"], {}, "hydra", {}),  # other hosts: not this one's CPUs
+        (["-n", "3"], {"SLURM_JOB_ID": "7"}, "hydra", {}),  # Hydra spreads the ranks over the allocation
+        (["-n", "3"], {"PBS_JOBID": "7.pbs"}, "hydra", {}),
+        (["-n", "3"], {}, "openmpi", {}),  # not MPICH
+    ],
+    ids=["oversubscribed", "cpu-each", "user-set", "tune-off", "hosts", "slurm", "pbs", "openmpi"],
+)
+def test_ranks_on_this_host_get_the_launcher_free_mpi_settings(script, monkeypatch, argv, env, flavour, want):
+    """hpcdist run puts every rank on this host (Hydra, no hosts, no allocation): it starts the embedded MPICH
+    with what a launcher-free world on one host gets (hpcdist.rendezvous.mpi_env.choose, the reference here:
+    the same call with the job's LOCAL_WORLD_SIZE), exported where the launcher needs it; elsewhere nothing."""
+    from hpcdist.rendezvous import mpi_env
+
+    monkeypatch.setattr(mpi_env, "cpus", lambda: 2)
+    monkeypatch.setattr(mpi_env, "embedded_mpich", lambda e: True)
+    opts = parse_args([*argv, script])
+    _, child = build_command(opts, env, None, python=PY, which=which_all, flavour=lambda e: flavour)
+    got = {k: child[k] for k in (YIELD, "UCX_MEM_EVENTS") if k in child and k not in env}
+    assert got == want
+    if want:
+        same = mpi_env.choose({**env, "LOCAL_WORLD_SIZE": str(opts.nprocs)}, 2, True)
+        assert got == same
