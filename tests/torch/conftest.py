@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from hpcdist._launchenv import free_port as _free_port
+from hpcdist.topology import affinity
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "integration"))
@@ -51,6 +52,8 @@ def launch(
         full.pop(k, None)
     if backend in ("gloo", "torch.distributed"):  # torch's own rendezvous (env://)
         full.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    if n > len(affinity()):  # MPICH's waits yield, as hpcdist run sets it for ranks that outnumber the CPUs
+        full.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
     full.update(env or {})
     cmd = [mpiexec(), "-n", str(n), sys.executable, str(PROGS / prog), backend, str(out), *(args or [])]
     res = run_limited(cmd, full, limit)
