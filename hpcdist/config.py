@@ -62,6 +62,11 @@ Knobs are read when asked for (never at import time), so a program may set
                                  ``1`` (shared memory always), ``0`` (MPI)
 ``HPCDIST_SHM_SLOT``             bytes per rank and pipeline stage of the
                                  shared-memory segment (default 1 MiB)
+``HPCDIST_RUN_WARDEN``           ``1`` (default): under ``hpcdist run`` each
+                                 rank runs under a small parent process that
+                                 reports a rank killed by a signal or leaving
+                                 through ``os._exit``; ``0``: the rank is the
+                                 launcher's own process
 ``HPCDIST_MPI_TUNE``             ``1`` (default): a launcher-free world, and
                                  ``hpcdist run`` with every rank on this host,
                                  start the embedded MPICH with the settings
@@ -94,6 +99,7 @@ __all__ = [
     "nccl_watchdog_enabled",
     "object_unpickler",
     "parse_number",
+    "run_warden",
     "shm_direct",
     "shm_mode",
     "shm_slot_bytes",
@@ -125,6 +131,8 @@ KNOBS: dict[str, str] = {
     "HPCDIST_SHM_DIRECT": "1: node-local collectives read peers' arrays directly (process_vm_readv) where the OS "
     "allows it; 0 (default): through the shared-memory segment (docs/performance.md)",
     "HPCDIST_SHM_SLOT": "bytes per rank and pipeline stage of the shared-memory segment (1048576)",
+    "HPCDIST_RUN_WARDEN": "1 (default): under hpcdist run a parent process per rank reports a rank killed by a "
+    "signal or leaving through os._exit; 0: off",
     "HPCDIST_MPI_TUNE": "1 (default): launcher-free worlds, and hpcdist run with every rank on this host, start "
     "the embedded MPICH with UCX_MEM_EVENTS=no and, "
     "on an oversubscribed host, MPIR_CVAR_ENABLE_HEAVY_YIELD=1, where unset; 0: set nothing",
@@ -374,6 +382,11 @@ def _mpi_tune() -> bool:
     return bool(env_flag("HPCDIST_MPI_TUNE", True))
 
 
+def run_warden() -> bool:
+    """Whether ``hpcdist run``'s bootstrap runs each rank under a warden process (``HPCDIST_RUN_WARDEN``)."""
+    return bool(env_flag("HPCDIST_RUN_WARDEN", True))
+
+
 def _store_secret() -> bytes | None:
     from .store._auth import resolve_secret  # the store's own checks (a file of mode 0600 that this user owns)
 
@@ -400,6 +413,7 @@ READERS: dict[str, Any] = {
     "HPCDIST_SHM_DIRECT": shm_direct,
     "HPCDIST_SHM_SLOT": shm_slot_bytes,
     "HPCDIST_MPI_TUNE": _mpi_tune,
+    "HPCDIST_RUN_WARDEN": run_warden,
     "HPCDIST_STORE_SECRET_FILE": _store_secret,
 }
 

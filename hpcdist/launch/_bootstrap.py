@@ -17,6 +17,11 @@ environment. It:
    the job (``MPI_Abort`` when MPI is initialised, else exit status 1, which
    the launcher turns into the end of the job).
 
+With ``--status-dir`` (under ``hpcdist run``) the process forks first and stays the
+rank's parent, its *warden* (:func:`_warden`): it records a rank that Python could
+not report (killed by a signal of its own, or gone through ``os._exit``) and ends
+as the rank ended. ``HPCDIST_RUN_WARDEN=0`` turns it off.
+
 PROGRAM is ``script.py [args...]`` or ``-m module [args...]``. OPTIONS:
 ``--prefix-output``, ``--status-dir DIR`` (where a failing rank writes
 ``rank-N.json``), ``--map-gpu`` (set ``CUDA_VISIBLE_DEVICES`` to the
@@ -26,10 +31,12 @@ PROGRAM is ``script.py [args...]`` or ``-m module [args...]``. OPTIONS:
 from __future__ import annotations
 
 import builtins
+import contextlib
 import io
 import json
 import os
 import runpy
+import signal
 import sys
 import traceback
 import types
@@ -226,8 +233,6 @@ def _trim(tb: TracebackType | None) -> TracebackType | None:
 
 def _record(status_dir: str, rank: int, exc: BaseException | None, code: object = None) -> None:
     """Write ``rank-N.json``: the error's first line and the exit status (Python's: 1 unless an int)."""
-    if not status_dir:
-        return
     status = code if isinstance(code, int) and exc is None else 1
     if exc is not None:
         what = f"{type(exc).__name__}: {exc}"
@@ -235,15 +240,90 @@ def _record(status_dir: str, rank: int, exc: BaseException | None, code: object 
         what = f"exited with status {code}"
     else:  # sys.exit("message"): Python prints the message and exits with 1
         what = f"exited with status 1: {code}"
+    _write_record(status_dir, rank, what, int(status))
+
+
+def _write_record(status_dir: str, rank: int, what: str, status: int) -> None:
+    """``rank-N.json`` in ``status_dir`` (nothing without one): the first line of ``what`` and ``status``."""
+    if not status_dir:
+        return
     path = Path(status_dir, f"rank-{rank}.json")
     part = path.with_name(path.name + ".part")  # written whole, then renamed: `hpcdist run` polls for the name
     try:
-        part.write_text(
-            json.dumps({"rank": rank, "error": (what.splitlines() or [""])[0][:300], "status": int(status)})
-        )
+        part.write_text(json.dumps({"rank": rank, "error": (what.splitlines() or [""])[0][:300], "status": status}))
         os.replace(part, path)
     except OSError:
         pass  # a remote node without the launcher's /tmp: the summary line is a nicety
+
+
+#: signals a launcher or batch system sends the whole job (Hydra and slurmstepd signal each rank's process group,
+#: so the rank gets them itself): the warden notes them, and a rank that then dies of a signal is not reported
+_JOB_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
+_PR_SET_PDEATHSIG = 1
+
+
+def _death(status: int) -> str:
+    """What ``hpcdist run``'s summary says of a rank whose process ended with wait status ``status``."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        why = {
+            "SIGKILL": "the kernel's out-of-memory killer, or a kill -9",
+            "SIGSEGV": "a crash in native code",
+            "SIGBUS": "a crash in native code",
+            "SIGABRT": "abort() in native code",
+            "SIGFPE": "a crash in native code",
+            "SIGILL": "a crash in native code",
+        }.get(name, "sent to this rank alone")
+        return f"killed by {name} (signal {sig}: {why})"
+    return f"exited with status {os.WEXITSTATUS(status)} outside Python's exit path (os._exit, or native code)"
+
+
+def _warden(rank: int, status_dir: str) -> None:
+    """Fork: the child returns and runs the program; this process stays its parent until it ends, and then ends
+    the same way (the launcher sees the child's exit status or signal). It records what Python in the child could
+    not: a rank killed by a signal sent to it alone (the OOM killer's SIGKILL, a SIGSEGV), or leaving with a
+    non-zero status past Python's exit path (``os._exit``), as ``rank-N.json`` for ``hpcdist run`` (which, before
+    MPI is up, ends the job that the launcher would leave waiting). The child gets SIGKILL if this process dies
+    (``PR_SET_PDEATHSIG``): a launcher's SIGKILL of this pid alone leaves no rank behind."""
+    import ctypes
+
+    noted: list[int] = []
+    handlers = {}
+    for name in _JOB_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            handlers[sig] = signal.signal(sig, lambda signum, _frame: noted.append(signum))
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the warden died before prctl: nobody would report this rank
+            os._exit(1)
+        return
+    _, status = os.waitpid(child, 0)  # retried after a noted signal (PEP 475)
+    lost = os.WIFSIGNALED(status) and not noted  # a job-wide signal reached the child itself: not this rank's fault
+    late = os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0
+    if (lost or late) and not Path(status_dir, f"rank-{rank}.json").exists():  # Python in the child said nothing
+        code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        _write_record(status_dir, rank, _death(status), code)
+    if os.WIFSIGNALED(status):  # end as the child ended: the launcher reports the same signal
+        import resource
+
+        sig = os.WTERMSIG(status)
+        with contextlib.suppress(ValueError, OSError):  # no core file of the warden over the rank's own
+            resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's action cannot be set (nor needs to be)
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
 def _mpi_initialized() -> bool:
@@ -254,6 +334,15 @@ def _mpi_initialized() -> bool:
         return bool(mpi.Is_initialized() and not mpi.Is_finalized())
     except Exception:
         return False
+
+
+def _warden_wanted() -> bool:
+    from hpcdist.config import run_warden
+
+    try:
+        return run_warden()
+    except ValueError:
+        return True
 
 
 def _abort_wanted() -> bool:
@@ -334,10 +423,12 @@ def main(argv: list[str] | None = None) -> None:
     set_torchrun_env(info)
     if opts["map_gpu"]:
         map_gpu(info)
+    status_dir = str(opts["status_dir"])
+    if status_dir and hasattr(os, "fork") and sys.platform.startswith("linux") and _warden_wanted():
+        _warden(info.rank, status_dir)  # returns in the child, which runs the program
     if opts["prefix_output"]:
         sys.stdout = PrefixWriter(sys.stdout, f"[rank {info.rank}] ")  # type: ignore[assignment]
         sys.stderr = PrefixWriter(sys.stderr, f"[rank {info.rank}] ")  # type: ignore[assignment]
-    status_dir = str(opts["status_dir"])
     try:
         run_program(program)
     except SystemExit as exc:

@@ -81,6 +81,49 @@ def test_run_on_this_host_starts_mpi_as_a_launcher_free_world_would(tmp_path):
     assert lines == [f"TUNE {[want.get(k) for k in keys]!r} 3"] * 3, proc.output
 
 
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(
+    ("how", "named"),
+    [
+        ("os.kill(os.getpid(), signal.SIGKILL)", "killed by SIGKILL (signal 9: the kernel's out-of-memory killer"),
+        ("ctypes.string_at(0)", "killed by SIGSEGV (signal 11: a crash in native code)"),
+        ("os._exit(7)", "exited with status 7 outside Python's exit path (os._exit, or native code)"),
+    ],
+    ids=["sigkill", "segv", "os_exit"],
+)
+def test_a_rank_dying_outside_python_is_named(tmp_path, how, named):
+    """SUSPECT: a rank killed by a signal of its own (the OOM killer's SIGKILL, a segfault) or leaving through
+    os._exit after init_process_group gave only mpiexec's report (a pid) and `mpiexec exited with status N`.
+    Now its warden names it, once, and no other rank (the launcher's SIGKILL of the others is theirs alone);
+    with HPCDIST_RUN_WARDEN=0 the rank is the launcher's own process, as before, and is not named."""
+    script = write(
+        tmp_path,
+        "die.py",
+        f"""
+        import ctypes, os, signal
+        import numpy as np
+        import hpcdist as dist
+        dist.init_process_group("mpi")
+        os.write(1, f"PPID {{dist.get_rank()}} {{os.getppid()}}" .encode() + bytes([10]))
+        dist.barrier()
+        if dist.get_rank() == 1:
+            {how}
+        dist.all_reduce(np.ones(4))
+        """,
+    )
+    env = {"HPCDIST_TIMEOUT": "60", "HPCDIST_RUN_WARDEN": None, "PYTHONFAULTHANDLER": None}
+    proc = hpcdist("run", "-n", "3", script, env=env)
+    assert proc.returncode != 0, proc.output
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hpcdist run: rank")]
+    assert len(lines) == 1 and lines[0].startswith(f"hpcdist run: rank 1 failed: {named}"), proc.output
+    assert "Traceback" not in proc.stderr, proc.output  # the warden itself ended quietly
+    off = hpcdist("run", "-n", "3", script, env={**env, "HPCDIST_RUN_WARDEN": "0"})
+    assert off.returncode != 0 and "hpcdist run: rank" not in off.stderr, off.output
+    assert "hpcdist run: mpiexec exited with status" in off.stderr, off.output
+    parents = {ln.split()[2] for ln in off.stdout.splitlines() if ln.startswith("PPID")}
+    assert len(parents) == 1, off.output  # without wardens every rank is the launcher's (Hydra's proxy's) child
+
+
 @pytest.mark.timeout(120)
 def test_run_forms_one_world_and_prefixes_output(tmp_path):
     script = write(

@@ -113,3 +113,19 @@ def test_map_gpu(visible, local_rank, local_size, device):
     env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
     assert map_gpu(RankInfo("srun", 0, 8, local_rank, local_size), env) == device
     assert env["CUDA_VISIBLE_DEVICES"].strip(" ,") == device
+
+
+@pytest.mark.parametrize(
+    ("status", "said"),
+    [
+        (9, "killed by SIGKILL (signal 9: the kernel's out-of-memory killer, or a kill -9)"),
+        (11, "killed by SIGSEGV (signal 11: a crash in native code)"),
+        (10, "killed by SIGUSR1 (signal 10: sent to this rank alone)"),
+        (5 << 8, "exited with status 5 outside Python's exit path (os._exit, or native code)"),
+    ],
+)
+def test_the_wardens_words_for_how_a_rank_ended(status, said):
+    """The wait status decoded by os.WIFSIGNALED/WTERMSIG/WEXITSTATUS (a wait status is signal | exit << 8)."""
+    from hpcdist.launch._bootstrap import _death
+
+    assert _death(status) == said

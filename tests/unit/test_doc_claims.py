@@ -86,6 +86,7 @@ def test_readme_knob_defaults_are_configs(clean_env):
         "HPCDIST_CUDA_AWARE": ("`1`/`0`", config.cuda_aware_override(), None),
         "HPCDIST_NCCL_WATCHDOG": ("`1` (default)", config.nccl_watchdog_enabled(), True),
         "HPCDIST_MPI_TUNE": ("`1` (default)", config._mpi_tune(), True),
+        "HPCDIST_RUN_WARDEN": ("`1` (default)", config.run_warden(), True),
         "HPCDIST_SHM": ("`auto` (default)", config.shm_mode(), "auto"),
         "HPCDIST_SHM_SLOT": ("(1 MiB)", config.shm_slot_bytes(), 1 << 20),
         "HPCDIST_SHM_DIRECT": ("`0` (default)", config.shm_direct(), False),
