@@ -257,7 +257,7 @@ def _write_record(status_dir: str, rank: int, what: str, status: int) -> None:
 
 
 #: signals a launcher or batch system sends the whole job (Hydra and slurmstepd signal each rank's process group,
-#: so the rank gets them itself): the warden notes them, and a rank that then dies of a signal is not reported
+#: so the rank gets them itself): the warden notes them, and a rank that then dies of one of them is not reported
 _JOB_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
 _PR_SET_PDEATHSIG = 1
 
@@ -308,7 +308,8 @@ def _warden(rank: int, status_dir: str) -> None:
             os._exit(1)
         return
     _, status = os.waitpid(child, 0)  # retried after a noted signal (PEP 475)
-    lost = os.WIFSIGNALED(status) and not noted  # a job-wide signal reached the child itself: not this rank's fault
+    # a job-wide signal that reached the child itself too (the warden noted it) is not this rank's fault
+    lost = os.WIFSIGNALED(status) and os.WTERMSIG(status) not in noted
     late = os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0
     if (lost or late) and not Path(status_dir, f"rank-{rank}.json").exists():  # Python in the child said nothing
         code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
