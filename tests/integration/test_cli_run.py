@@ -88,8 +88,13 @@ def test_run_on_this_host_starts_mpi_as_a_launcher_free_world_would(tmp_path):
         ("os.kill(os.getpid(), signal.SIGKILL)", "killed by SIGKILL (signal 9: the kernel's out-of-memory killer"),
         ("ctypes.string_at(0)", "killed by SIGSEGV (signal 11: a crash in native code)"),
         ("os._exit(7)", "exited with status 7 outside Python's exit path (os._exit, or native code)"),
+        (  # a job-wide SIGUSR1 first (as Slurm's --signal sends the process group): the later kill is still named
+            "signal.signal(signal.SIGUSR1, lambda *a: None); os.killpg(0, signal.SIGUSR1); time.sleep(0.3); "
+            "os.kill(os.getpid(), signal.SIGKILL)",
+            "killed by SIGKILL (signal 9: ",
+        ),
     ],
-    ids=["sigkill", "segv", "os_exit"],
+    ids=["sigkill", "segv", "os_exit", "usr1-then-sigkill"],
 )
 def test_a_rank_dying_outside_python_is_named(tmp_path, how, named):
     """SUSPECT: a rank killed by a signal of its own (the OOM killer's SIGKILL, a segfault) or leaving through
@@ -100,7 +105,7 @@ def test_a_rank_dying_outside_python_is_named(tmp_path, how, named):
         tmp_path,
         "die.py",
         f"""
-        import ctypes, os, signal
+        import ctypes, os, signal, time
         import numpy as np
         import hpcdist as dist
         dist.init_process_group("mpi")
@@ -122,6 +127,29 @@ def test_a_rank_dying_outside_python_is_named(tmp_path, how, named):
     assert "hpcdist run: mpiexec exited with status" in off.stderr, off.output
     parents = {ln.split()[2] for ln in off.stdout.splitlines() if ln.startswith("PPID")}
     assert len(parents) == 1, off.output  # without wardens every rank is the launcher's (Hydra's proxy's) child
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_ended_by_a_signal_to_the_whole_job_is_not_blamed(tmp_path):
+    """GUARD of the warden: SIGTERM sent to rank 1's process group (as Hydra and Slurm signal a job) ends it; the
+    warden got the signal too, so no rank is named a failure: mpiexec's report and status stay the only word."""
+    script = write(
+        tmp_path,
+        "term.py",
+        """
+        import os, signal
+        import numpy as np
+        import hpcdist as dist
+        dist.init_process_group("mpi")
+        dist.barrier()
+        if dist.get_rank() == 1:
+            os.killpg(0, signal.SIGTERM)
+        dist.all_reduce(np.ones(4))
+        """,
+    )
+    proc = hpcdist("run", "-n", "2", script, env={"HPCDIST_TIMEOUT": "60", "HPCDIST_RUN_WARDEN": None})
+    assert proc.returncode != 0 and "Terminated (signal 15)" in proc.output, proc.output
+    assert "hpcdist run: rank" not in proc.stderr and "hpcdist run: mpiexec exited with status" in proc.stderr
 
 
 @pytest.mark.timeout(120)
