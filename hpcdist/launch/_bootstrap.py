@@ -300,10 +300,10 @@ def _warden(rank: int, status_dir: str) -> None:
     parent = os.getpid()
     child = os.fork()
     if child == 0:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        for sig, handler in handlers.items():  # None: a handler not set from Python, which Python cannot restore
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        with contextlib.suppress(AttributeError, OSError):  # a C library without prctl: no death signal
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
         if os.getppid() != parent:  # the warden died before prctl: nobody would report this rank
             os._exit(1)
         return
