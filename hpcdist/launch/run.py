@@ -377,11 +377,23 @@ def _supervise(
             return 124, f"timed out after {timeout:g} s; job ended"
 
 
+#: variables of the launch that --dry-run leaves out: the bootstrap picks them when they are unset
+_DRY_RUN_UNSET = ("MASTER_ADDR", "MASTER_PORT")
+
+
+def _dry_run_env(env: Mapping[str, str], child_env: Mapping[str, str]) -> list[str]:
+    """``env K=V ...`` for what the launch sets beyond ``env`` (OMP_NUM_THREADS, the MPI settings, PYTHONPATH),
+    so that the printed command runs as ``hpcdist run`` would; [] when there is nothing."""
+    extra = [f"{k}={v}" for k, v in child_env.items() if env.get(k) != v and k not in _DRY_RUN_UNSET]
+    return ["env", *extra] if extra else []
+
+
 def execute(opts: RunOptions, env: Mapping[str, str] | None = None) -> int:
     """Launch the job; return the exit status for ``hpcdist run``."""
     env = os.environ if env is None else env
     if opts.dry_run:  # the command as a user can run it: no status directory (it would be gone by then)
-        print(shlex.join(build_command(opts, env)[0]))
+        cmd, child_env = build_command(opts, env)
+        print(shlex.join(_dry_run_env(env, child_env) + cmd))
         return 0
     with tempfile.TemporaryDirectory(prefix="hpcdist-run-") as status_dir:
         cmd, child_env = build_command(opts, env, status_dir)

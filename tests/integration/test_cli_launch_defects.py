@@ -134,12 +134,17 @@ def test_missing_module_reads_as_python_m(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_dry_run_command_runs_as_printed(tmp_path):
-    """``--dry-run`` printed ``--status-dir`` of a temporary directory deleted before the user could run it."""
-    write(tmp_path / "hello.py", "import os\nos.write(1, b'hello\\n')\n")
-    dry = hpcdist("run", "--dry-run", "-n", "2", "hello.py", cwd=tmp_path)
+    """``--dry-run`` printed ``--status-dir`` of a temporary directory deleted before the user could run it; and
+    left out what the launch sets (OMP_NUM_THREADS, the MPI settings, PYTHONPATH): now ``env K=V`` before it, so
+    the command runs as printed in a shell that has none of them and the ranks see what hpcdist run gives them."""
+    write(
+        tmp_path / "hello.py",
+        "import os\nos.write(1, ('hello ' + os.environ.get('OMP_NUM_THREADS', '-') + chr(10)).encode())\n",
+    )
+    bare = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OMP_NUM_THREADS")}
+    dry = hpcdist_cli("run", "--dry-run", "-n", "2", "hello.py", cwd=tmp_path, env={"OMP_NUM_THREADS": None})
     assert dry.returncode == 0, dry.stderr
-    assert "--status-dir" not in dry.stdout
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    ran = run_within(["bash", "-c", dry.stdout.strip()], env, LIMIT, cwd=tmp_path)
+    assert "--status-dir" not in dry.stdout and dry.stdout.startswith("env "), dry.stdout
+    ran = run_within(["bash", "-c", dry.stdout.strip()], bare, LIMIT, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.splitlines() == ["hello", "hello"]
+    assert ran.stdout.splitlines() == ["hello 1", "hello 1"]

@@ -236,10 +236,16 @@ def test_launcher_that_cannot_start(script, monkeypatch, capsys):
 
 def test_dry_run_prints_command(script, capsys, monkeypatch):
     monkeypatch.setattr(runmod, "select_launcher", lambda *a, **k: (LAUNCHERS["hydra"], "/x/mpiexec"))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
     assert runmod.main(["--dry-run", "-n", "3", script]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("/x/mpiexec -n 3 ") and sys.executable in out and out.rstrip().endswith(f"-- {script}")
+    assert " /x/mpiexec -n 3 " in out and sys.executable in out and out.rstrip().endswith(f"-- {script}")
     assert "--status-dir" not in out  # a temporary directory that would be gone before the user runs it
+    # what the launch sets goes first, as `env K=V`: the command runs as hpcdist run would run it
+    head = out.split(" /x/mpiexec ")[0].split()
+    assert head[0] == "env" and "OMP_NUM_THREADS=1" in head
+    assert not any(v.startswith("MASTER_PORT=") for v in head)  # chosen by the bootstrap when the job runs
 
 
 @pytest.mark.parametrize(
