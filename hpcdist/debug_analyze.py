@@ -33,6 +33,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from .launch.hostlist import ranks_text as _ranks_text
+
 __all__ = ["Divergence", "Report", "analyze", "format_report", "load_dumps", "main"]
 
 #: what identifies a collective call: compared across the ranks of a group
@@ -345,10 +347,6 @@ def _call_text(entry: dict[str, Any]) -> str:
     elif entry.get("root") is not None:
         text += f"(root {entry['root']})"
     return f"{text} [{entry['state']}]"
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks))
 
 
 def format_report(report: Report) -> str:

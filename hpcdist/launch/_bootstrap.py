@@ -38,6 +38,7 @@ import os
 import runpy
 import signal
 import sys
+import time
 import traceback
 import types
 import zipfile
@@ -250,7 +251,8 @@ def _write_record(status_dir: str, rank: int, what: str, status: int) -> None:
     path = Path(status_dir, f"rank-{rank}.json")
     part = path.with_name(path.name + ".part")  # written whole, then renamed: `hpcdist run` polls for the name
     try:
-        part.write_text(json.dumps({"rank": rank, "error": (what.splitlines() or [""])[0][:300], "status": status}))
+        first = (what.splitlines() or [""])[0][:300]
+        part.write_text(json.dumps({"rank": rank, "error": first, "status": status, "time": time.time()}))
         os.replace(part, path)
     except OSError:
         pass  # a remote node without the launcher's /tmp: the summary line is a nicety

@@ -33,6 +33,7 @@ from typing import Any
 
 from hpcdist._launchenv import free_port
 from hpcdist.config import parse_number
+from hpcdist.launch.hostlist import ranks_text
 from hpcdist.launch.launchers import (
     LaunchError,
     LaunchSpec,
@@ -313,17 +314,47 @@ def build_command(
 
 
 def _failures(status_dir: str) -> list[dict]:
+    """The ranks' failure records in ``status_dir``, the first failure first (:func:`sorted_failures`)."""
     out = []
-    for path in sorted(Path(status_dir).glob("rank-*.json")):
+    for path in Path(status_dir).glob("rank-*.json"):
         try:
-            out.append(json.loads(path.read_text()))
+            rec = json.loads(path.read_text())
+            rec.setdefault("time", path.stat().st_mtime)
         except (OSError, ValueError):
             continue
-    return sorted(out, key=lambda d: d.get("rank", 0))
+        out.append(rec)
+    return sorted_failures(out)
+
+
+def sorted_failures(records: list[dict]) -> list[dict]:
+    """Failure records by the time each was written, then rank: the first failure, most often the cause, first."""
+    return sorted(records, key=lambda d: (float(d.get("time", 0.0)), int(d.get("rank", 0))))
+
+
+#: lines of failures hpcdist run prints at most (one per distinct error; at scale, thousands of ranks can fail)
+_SUMMARY_LINES = 8
+
+
+def _summary_lines(failures: list[dict]) -> list[str]:
+    """``hpcdist run``'s summary of failure records (:func:`_failures`' order): one line per distinct error, in
+    the order of each error's first failure, with the ranks that had it (``rank 3 failed: ...``, ``ranks 0-511,
+    513-1023 failed: ...``); past :data:`_SUMMARY_LINES` errors, one line counting the rest."""
+    by_error: dict[str, list[int]] = {}
+    for fail in failures:
+        by_error.setdefault(str(fail.get("error", "")), []).append(int(fail.get("rank", -1)))
+    groups = list(by_error.items())
+    shown = groups if len(groups) <= _SUMMARY_LINES else groups[: _SUMMARY_LINES - 1]
+    lines = [
+        f"hpcdist run: {f'rank {r[0]}' if len(r) == 1 else f'ranks {ranks_text(r)}'} failed: {error}"
+        for error, r in shown
+    ]
+    if rest := groups[len(shown) :]:
+        lines.append(f"hpcdist run: {sum(len(r) for _, r in rest)} more ranks failed with {len(rest)} other errors")
+    return lines
 
 
 def _failed_status(status_dir: str) -> int:
-    """The exit status the first failed rank recorded (1 for an exception or a status that is not 1..255)."""
+    """The exit status the rank that failed first recorded (1 for an exception or a status that is not 1..255)."""
     for fail in _failures(status_dir):
         code = fail.get("status")
         return code if isinstance(code, int) and 1 <= code <= 255 else 1
@@ -421,8 +452,8 @@ def execute(opts: RunOptions, env: Mapping[str, str] | None = None) -> int:
             return 128 + got[0]
         if rc < 0:
             rc = 128 - rc
-        for fail in _failures(status_dir):
-            print(f"hpcdist run: rank {fail.get('rank')} failed: {fail.get('error')}", file=sys.stderr)
+        for line in _summary_lines(_failures(status_dir)):
+            print(line, file=sys.stderr)
         if note:
             print(f"hpcdist run: {note}", file=sys.stderr)
         elif rc != 0 and not _failures(status_dir):

@@ -153,6 +153,32 @@ def test_a_rank_ended_by_a_signal_to_the_whole_job_is_not_blamed(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_ranks_failing_alike_share_one_line_after_the_first_failure(tmp_path):
+    """4 ranks before MPI is up: rank 2 fails first with its own error, then the others alike. The summary
+    has the first failure's line first, then one line for the three that failed alike; the status is 3,
+    rank 2's."""
+    script = write(
+        tmp_path,
+        "fails.py",
+        """
+        import os, sys, time
+        rank = int(os.environ["RANK"])
+        if rank == 2:
+            sys.exit(3)
+        time.sleep(1.0)
+        raise RuntimeError("shared storage unreachable")
+        """,
+    )
+    proc = hpcdist("run", "-n", "4", script, env={"HPCDIST_ABORT_ON_EXCEPTION": "0"})
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hpcdist run: rank")]
+    assert lines == [
+        "hpcdist run: rank 2 failed: exited with status 3",
+        "hpcdist run: ranks 0, 1, 3 failed: RuntimeError: shared storage unreachable",
+    ], proc.output
+    assert proc.returncode == 3, proc.output
+
+
+@pytest.mark.timeout(120)
 def test_run_forms_one_world_and_prefixes_output(tmp_path):
     script = write(
         tmp_path,

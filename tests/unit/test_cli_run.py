@@ -356,3 +356,20 @@ def test_ranks_on_this_host_get_the_launcher_free_mpi_settings(script, monkeypat
     if want:
         same = mpi_env.choose({**env, "LOCAL_WORLD_SIZE": str(opts.nprocs)}, 2, True)
         assert got == same
+
+
+def test_summary_names_the_first_failure_first_and_folds_ranks_that_failed_alike():
+    """SUSPECT (scale): the summary printed one line per failed rank, in rank order: after a broken collective
+    on 1024 ranks, 1024 lines, and the rank that failed first (the cause) somewhere in the middle. Now one line
+    per distinct error, the first failure's first, its ranks folded; at most 8 lines."""
+    cause = {"rank": 512, "error": "ValueError: bad shard", "time": 1.0}
+    timeouts = [{"rank": r, "error": "DistTimeoutError: all_reduce", "time": 2.0 + r} for r in range(1024) if r != 512]
+    lines = runmod._summary_lines(runmod.sorted_failures([*timeouts, cause]))
+    assert lines == [
+        "hpcdist run: rank 512 failed: ValueError: bad shard",
+        "hpcdist run: ranks 0-511, 513-1023 failed: DistTimeoutError: all_reduce",
+    ]
+    many = [{"rank": r, "error": f"E{r}", "time": float(r)} for r in range(20)]
+    lines = runmod._summary_lines(runmod.sorted_failures(many))
+    assert len(lines) == 8 and lines[:7] == [f"hpcdist run: rank {r} failed: E{r}" for r in range(7)]
+    assert lines[7] == "hpcdist run: 13 more ranks failed with 13 other errors"

@@ -80,3 +80,24 @@ def test_expand_caps_the_total_before_allocating_it(text):
     """The host cap counts every range and expression, refusing before tens of millions of names exist."""
     with pytest.raises(ValueError, match="more than"):
         expand_hostlist(text)
+
+
+@pytest.mark.parametrize(
+    ("ranks", "text"),
+    [
+        ([5], "5"),
+        ([3, 1], "1, 3"),
+        ([2, 3], "2, 3"),  # two in a row stay two: the analyzer's "rank(s) 0, 1" lines read as before
+        ([0, 1, 2, 3, 5, 7, 8], "0-3, 5, 7, 8"),
+        ([*range(512), *range(513, 1024), 512 + 2048], "0-511, 513-1023, 2560"),
+        ([4, 4, 5, 6], "4-6"),
+    ],
+)
+def test_ranks_text_folds_runs_of_three_or_more(ranks, text):
+    from hpcdist.launch.hostlist import expand_hostlist, ranks_text
+
+    assert ranks_text(ranks) == text
+    # the reference: Slurm's hostlist grammar expands the same text back to the ranks (a prefix keeps it a hostlist)
+    assert [int(h[1:]) for h in expand_hostlist(",".join(f"r[{p.strip()}]" for p in text.split(",")))] == sorted(
+        set(ranks)
+    )
