@@ -37,6 +37,7 @@ import json
 import os
 import runpy
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -252,7 +253,8 @@ def _write_record(status_dir: str, rank: int, what: str, status: int) -> None:
     part = path.with_name(path.name + ".part")  # written whole, then renamed: `hpcdist run` polls for the name
     try:
         first = (what.splitlines() or [""])[0][:300]
-        part.write_text(json.dumps({"rank": rank, "error": first, "status": status, "time": time.time()}))
+        rec = {"rank": rank, "error": first, "status": status, "time": time.time(), "host": socket.gethostname()}
+        part.write_text(json.dumps(rec))
         os.replace(part, path)
     except OSError:
         pass  # a remote node without the launcher's /tmp: the summary line is a nicety

@@ -338,16 +338,23 @@ _SUMMARY_LINES = 8
 def _summary_lines(failures: list[dict]) -> list[str]:
     """``hpcdist run``'s summary of failure records (:func:`_failures`' order): one line per distinct error, in
     the order of each error's first failure, with the ranks that had it (``rank 3 failed: ...``, ``ranks 0-511,
-    513-1023 failed: ...``); past :data:`_SUMMARY_LINES` errors, one line counting the rest."""
+    513-1023 failed: ...``; ``rank 3 on node07 failed: ...`` where the failures come from several hosts); past
+    :data:`_SUMMARY_LINES` errors, one line counting the rest."""
     by_error: dict[str, list[int]] = {}
+    host = {}
     for fail in failures:
         by_error.setdefault(str(fail.get("error", "")), []).append(int(fail.get("rank", -1)))
+        host[int(fail.get("rank", -1))] = fail.get("host")
+    several_hosts = len(set(host.values())) > 1  # a rank's host is named only where the failures span hosts
+
+    def who(ranks: list[int]) -> str:
+        if len(ranks) > 1:
+            return f"ranks {ranks_text(ranks)}"
+        return f"rank {ranks[0]}" + (f" on {host[ranks[0]]}" if several_hosts and host[ranks[0]] else "")
+
     groups = list(by_error.items())
     shown = groups if len(groups) <= _SUMMARY_LINES else groups[: _SUMMARY_LINES - 1]
-    lines = [
-        f"hpcdist run: {f'rank {r[0]}' if len(r) == 1 else f'ranks {ranks_text(r)}'} failed: {error}"
-        for error, r in shown
-    ]
+    lines = [f"hpcdist run: {who(r)} failed: {error}" for error, r in shown]
     if rest := groups[len(shown) :]:
         lines.append(f"hpcdist run: {sum(len(r) for _, r in rest)} more ranks failed with {len(rest)} other errors")
     return lines

@@ -373,3 +373,36 @@ def test_summary_names_the_first_failure_first_and_folds_ranks_that_failed_alike
     lines = runmod._summary_lines(runmod.sorted_failures(many))
     assert len(lines) == 8 and lines[:7] == [f"hpcdist run: rank {r} failed: E{r}" for r in range(7)]
     assert lines[7] == "hpcdist run: 13 more ranks failed with 13 other errors"
+
+
+def test_summary_names_the_host_of_a_failed_rank_where_failures_span_hosts():
+    """On one host (every test job here) the lines read as they always did; from several, a lone failed rank's
+    line names its host (an OOM kill on one node is then found at once)."""
+    one = [{"rank": 3, "error": "E", "time": 1.0, "host": "vm"}, {"rank": 1, "error": "F", "time": 2.0, "host": "vm"}]
+    assert runmod._summary_lines(runmod.sorted_failures(one)) == [
+        "hpcdist run: rank 3 failed: E",
+        "hpcdist run: rank 1 failed: F",
+    ]
+    two = [
+        {"rank": 9, "error": "killed by SIGKILL", "time": 1.0, "host": "node02"},
+        *({"rank": r, "error": "DistTimeoutError", "time": 2.0, "host": f"node0{r // 8 + 1}"} for r in range(8)),
+    ]
+    assert runmod._summary_lines(runmod.sorted_failures(two)) == [
+        "hpcdist run: rank 9 on node02 failed: killed by SIGKILL",
+        "hpcdist run: ranks 0-7 failed: DistTimeoutError",
+    ]
+
+
+def test_a_failure_record_says_when_and_where(tmp_path):
+    """The bootstrap's record carries the time (the summary orders by it) and this host's name."""
+    import json
+    import socket
+    import time
+
+    from hpcdist.launch import _bootstrap
+
+    before = time.time()
+    _bootstrap._record(str(tmp_path), 4, ValueError("bad shard"))
+    rec = json.loads((tmp_path / "rank-4.json").read_text())
+    assert rec["rank"] == 4 and rec["error"] == "ValueError: bad shard" and rec["status"] == 1
+    assert before <= rec["time"] <= time.time() and rec["host"] == socket.gethostname()
