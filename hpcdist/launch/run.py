@@ -426,6 +426,16 @@ def _dry_run_env(env: Mapping[str, str], child_env: Mapping[str, str]) -> list[s
     return ["env", *extra] if extra else []
 
 
+def _status_parent(opts: RunOptions, env: Mapping[str, str], cwd: str | None = None) -> str | None:
+    """Where the ranks' failure records go: the working directory (on a cluster, a file system every node
+    sees) when the ranks may run on other hosts (``--hosts``/``--hostfile``, ``--launcher srun``, a batch
+    allocation), so that their failures are named too; else, or where it is not writable, the system's
+    temporary directory (None)."""
+    spans = bool(opts.hosts or opts.hostfile or opts.launcher == "srun" or any(env.get(v) for v in _ALLOCATION_VARS))
+    where = os.getcwd() if cwd is None else cwd
+    return where if spans and os.access(where, os.W_OK | os.X_OK) else None
+
+
 def execute(opts: RunOptions, env: Mapping[str, str] | None = None) -> int:
     """Launch the job; return the exit status for ``hpcdist run``."""
     env = os.environ if env is None else env
@@ -433,7 +443,7 @@ def execute(opts: RunOptions, env: Mapping[str, str] | None = None) -> int:
         cmd, child_env = build_command(opts, env)
         print(shlex.join(_dry_run_env(env, child_env) + cmd))
         return 0
-    with tempfile.TemporaryDirectory(prefix="hpcdist-run-") as status_dir:
+    with tempfile.TemporaryDirectory(prefix=".hpcdist-run-", dir=_status_parent(opts, env)) as status_dir:
         cmd, child_env = build_command(opts, env, status_dir)
         try:
             proc = subprocess.Popen(cmd, env=child_env)

@@ -66,13 +66,15 @@ def _job_state(job: str) -> tuple[str, str]:
     return (state.group(1) if state else "UNKNOWN", code.group(1) if code else "?")
 
 
-def submit_and_wait(sbatch: str, tmp_path: Path, args: list[str], limit: float = 240) -> tuple[str, str, str]:
-    """Submit the CPU template for 2 tasks on 1 node; return (state, exit code, output)."""
+def submit_and_wait(
+    sbatch: str, tmp_path: Path, args: list[str], limit: float = 240, template: Path = TEMPLATE
+) -> tuple[str, str, str]:
+    """Submit the CPU template (or ``template``) for 2 tasks on 1 node; return (state, exit code, output)."""
     out = tmp_path / "job-%j.out"
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     env.pop("SLURM_JOB_ID", None)
     cmd = [sbatch, "--parsable", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2", f"--output={out}", "--time=00:05:00"]
-    proc = subprocess.run([*cmd, str(TEMPLATE), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([*cmd, str(template), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, f"sbatch failed: {proc.stderr}"
     job = proc.stdout.strip().split(";")[0]
     deadline = time.monotonic() + limit
@@ -116,6 +118,31 @@ def test_cpu_template_failing_rank_fails_job(slurm, tmp_path):
     state, _code, text = submit_and_wait(slurm, tmp_path, [str(script)])
     assert state == "FAILED", text
     assert text.count("[rank 1] RuntimeError: rank 1 fails under srun") == 1, text
+
+
+@pytest.mark.timeout(600)
+def test_hpcdist_run_in_an_allocation_names_a_rank_killed_by_a_signal(slurm, tmp_path):
+    """`hpcdist run` inside an allocation launches with srun. The ranks may be on other nodes, so their failure
+    records go to the working directory (on a cluster, a file system every node sees) instead of the launching
+    node's /tmp: a rank killed by SIGKILL (its warden saw it) is named, the other rank (ended by srun's SIGTERM)
+    is not, and the records' directory is gone afterwards."""
+    (tmp_path / "die.py").write_text(
+        "import os, signal\n"
+        "import numpy as np\n"
+        "import hpcdist as dist\n"
+        "dist.init_process_group('mpi')\n"
+        "dist.barrier()\n"
+        "if dist.get_rank() == 1:\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "dist.all_reduce(np.ones(4))\n"
+    )
+    batch = tmp_path / "run.sbatch"
+    batch.write_text('#!/bin/bash\ncd "$1"\nHPCDIST_TIMEOUT=60 exec "$PYTHON" -m hpcdist run -n 2 die.py\n')
+    state, _code, text = submit_and_wait(slurm, tmp_path, [str(tmp_path)], template=batch)
+    assert state == "FAILED", text
+    lines = [ln for ln in text.splitlines() if ln.startswith("hpcdist run: rank")]
+    assert len(lines) == 1 and lines[0].startswith("hpcdist run: rank 1 failed: killed by SIGKILL"), text
+    assert not list(tmp_path.glob(".hpcdist-run-*")), "the records' directory was left behind"
 
 
 @pytest.mark.timeout(60)

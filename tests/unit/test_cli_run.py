@@ -406,3 +406,21 @@ def test_a_failure_record_says_when_and_where(tmp_path):
     rec = json.loads((tmp_path / "rank-4.json").read_text())
     assert rec["rank"] == 4 and rec["error"] == "ValueError: bad shard" and rec["status"] == 1
     assert before <= rec["time"] <= time.time() and rec["host"] == socket.gethostname()
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "shared"),
+    [
+        (["-n", "2"], {}, False),  # every rank on this host: its /tmp
+        (["-n", "2", "--hosts", "a,b"], {}, True),
+        (["-n", "2", "--launcher", "srun"], {}, True),
+        (["-n", "2"], {"SLURM_JOB_ID": "7"}, True),  # an allocation: srun or Hydra spreads the ranks
+        (["-n", "2"], {"PBS_JOBID": "1.pbs"}, True),
+    ],
+    ids=["local", "hosts", "srun", "slurm", "pbs"],
+)
+def test_failure_records_go_where_every_node_sees_them_when_ranks_may_be_elsewhere(script, tmp_path, argv, env, shared):
+    opts = parse_args([*argv, script])
+    assert runmod._status_parent(opts, env, cwd=str(tmp_path)) == (str(tmp_path) if shared else None)
+    # a working directory this process cannot write into (here: gone): the system's temporary directory after all
+    assert runmod._status_parent(opts, env, cwd=str(tmp_path / "gone")) is None
