@@ -41,6 +41,9 @@ pytestmark = pytest.mark.timeout(60)
 KINDS = ["hash", "file", "tcp", "prefix-hash", "prefix-file", "prefix-tcp"]
 T = timedelta(seconds=0.25)  # every store's default timeout here
 SHORT = timedelta(seconds=0.1)  # an explicit wait(..., timeout)
+#: the timeout of the constructor steps, none of which waits for it: torch's client also takes it as its connect
+#: timeout to its own server, and 0.25 s failed that connect once under CI load
+CTOR_T = timedelta(seconds=30)
 HOST = "127.0.0.1"
 Step = Callable[[Any], object]
 
@@ -754,21 +757,21 @@ def test_tcpstore_constructor_refuses_bad_types_and_sizes():
     and keyword arguments by torch's names are accepted."""
     compare(
         _libs_pair(),
-        _ctor(HOST, "29500", 1, True, T),
-        _ctor(HOST, 1.5, 1, True, T),
-        _ctor(HOST, 0, "1", True, T),
-        _ctor(HOST, 0, 1.0, True, T),
-        _ctor(HOST, 0, 0, True, T),
+        _ctor(HOST, "29500", 1, True, CTOR_T),
+        _ctor(HOST, 1.5, 1, True, CTOR_T),
+        _ctor(HOST, 0, "1", True, CTOR_T),
+        _ctor(HOST, 0, 1.0, True, CTOR_T),
+        _ctor(HOST, 0, 0, True, CTOR_T),
         _ctor(HOST, 0, 1, True, 5),
-        _ctor(HOST, 0, 1, True, T, master_listen_fd="x"),
-        _ctor(HOST, 0, None, True, T),
-        _ctor(HOST, 0, -1, True, T),
+        _ctor(HOST, 0, 1, True, CTOR_T, master_listen_fd="x"),
+        _ctor(HOST, 0, None, True, CTOR_T),
+        _ctor(HOST, 0, -1, True, CTOR_T),
         _ctor(
             host_name=HOST,
             port=0,
             world_size=1,
             is_master=True,
-            timeout=T,
+            timeout=CTOR_T,
             wait_for_workers=False,
             multi_tenant=False,
             master_listen_fd=None,
@@ -783,21 +786,21 @@ def test_tcpstore_constructor_flags_take_what_torch_takes():
     not a str. hpcdist took any value and used its truth ("no" meant True)."""
     compare(
         _libs_pair(),
-        _ctor(HOST, 0, 1, "yes", T),
-        _ctor(HOST, 0, 1, 1, T),
-        _ctor(HOST, 0, 1, None, T),
-        _ctor(HOST, 0, 1, True, T, "no"),
-        _ctor(HOST, 0, 1, True, T, multi_tenant="x"),
-        _ctor(HOST, 0, 1, True, T, use_libuv="x"),
-        _ctor(HOST, 0, 1, True, T, wait_for_workers=None, multi_tenant=0, use_libuv=None),
-        _ctor(HOST, 0, 1, True, T, wait_for_workers=1, use_libuv=1.0),
+        _ctor(HOST, 0, 1, "yes", CTOR_T),
+        _ctor(HOST, 0, 1, 1, CTOR_T),
+        _ctor(HOST, 0, 1, None, CTOR_T),
+        _ctor(HOST, 0, 1, True, CTOR_T, "no"),
+        _ctor(HOST, 0, 1, True, CTOR_T, multi_tenant="x"),
+        _ctor(HOST, 0, 1, True, CTOR_T, use_libuv="x"),
+        _ctor(HOST, 0, 1, True, CTOR_T, wait_for_workers=None, multi_tenant=0, use_libuv=None),
+        _ctor(HOST, 0, 1, True, CTOR_T, wait_for_workers=1, use_libuv=1.0),
     )
 
 
 def test_tcpstore_constructor_refuses_a_host_name_that_is_not_a_str():
     """SUSPECT (fixed): torch raises TypeError for a host_name that is not a str; hpcdist raised
     ValueError (it still raises ValueError for an empty one)."""
-    compare(_libs_pair(), _ctor(5, 0, 1, True, T), _ctor(None, 0, 1, True, T))
+    compare(_libs_pair(), _ctor(5, 0, 1, True, CTOR_T), _ctor(None, 0, 1, True, CTOR_T))
 
 
 PORT_RANGE = (
@@ -808,7 +811,7 @@ PORT_RANGE = (
 @pytest.mark.xfail(strict=True, reason=PORT_RANGE)
 def test_tcpstore_port_out_of_range_is_a_type_error():
     """Known difference: torch's pybind layer refuses a port that is no uint16 as TypeError."""
-    compare(_libs_pair(), _ctor(HOST, 70000, 1, True, T), _ctor(HOST, -1, 1, True, T))
+    compare(_libs_pair(), _ctor(HOST, 70000, 1, True, CTOR_T), _ctor(HOST, -1, 1, True, CTOR_T))
 
 
 @pytest.mark.xfail(
@@ -816,7 +819,7 @@ def test_tcpstore_port_out_of_range_is_a_type_error():
 )
 def test_tcpstore_bool_world_size_counts_as_one():
     """Known difference: torch accepts world_size=True (as 1)."""
-    compare(_libs_pair(), _ctor(HOST, 0, True, True, T))
+    compare(_libs_pair(), _ctor(HOST, 0, True, True, CTOR_T))
 
 
 def test_tcpstore_bind_and_resolve_failures_are_network_errors(tcp_pair):
