@@ -25,6 +25,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from hpcdist.topology import affinity
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
@@ -121,7 +123,7 @@ def mpio_env(env: dict[str, str]) -> dict[str, str]:
 
 
 #: CPUs this process may use: an MPI stage with more ranks than these runs its MPICH with yielding waits
-CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+CPUS = len(affinity())
 
 
 def _ranks(cmd: list[str]) -> int:

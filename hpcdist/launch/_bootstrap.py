@@ -341,20 +341,13 @@ def _mpi_initialized() -> bool:
         return False
 
 
-def _warden_wanted() -> bool:
-    from hpcdist.config import run_warden
-
-    try:
-        return run_warden()
-    except ValueError:
-        return True
-
-
-def _abort_wanted() -> bool:
+def _knob_on(name: str) -> bool:
+    """``name`` (an HPCDIST_* on/off knob, default on) as the bootstrap reads it: a garbled value counts as on
+    (the program itself reports it, at init_process_group)."""
     from hpcdist.config import env_flag
 
     try:
-        return env_flag("HPCDIST_ABORT_ON_EXCEPTION", True) is not False
+        return env_flag(name, True) is not False
     except ValueError:
         return True
 
@@ -371,7 +364,7 @@ def _report(exc: BaseException, info: RankInfo) -> None:
         sys.stderr.write("".join(ln if ln.startswith(prefix) else prefix + ln for ln in text.splitlines(keepends=True)))
     sys.stderr.flush()
     sys.stdout.flush()
-    if _mpi_initialized() and _abort_wanted():
+    if _mpi_initialized() and _knob_on("HPCDIST_ABORT_ON_EXCEPTION"):
         mpi = sys.modules["mpi4py.MPI"]
         mpi.COMM_WORLD.Abort(1)
     os._exit(1)
@@ -429,7 +422,7 @@ def main(argv: list[str] | None = None) -> None:
     if opts["map_gpu"]:
         map_gpu(info)
     status_dir = str(opts["status_dir"])
-    if status_dir and hasattr(os, "fork") and sys.platform.startswith("linux") and _warden_wanted():
+    if status_dir and hasattr(os, "fork") and sys.platform.startswith("linux") and _knob_on("HPCDIST_RUN_WARDEN"):
         _warden(info.rank, status_dir)  # returns in the child, which runs the program
     if opts["prefix_output"]:
         sys.stdout = PrefixWriter(sys.stdout, f"[rank {info.rank}] ")  # type: ignore[assignment]

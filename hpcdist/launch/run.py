@@ -264,12 +264,18 @@ def _master(opts: RunOptions, launcher_name: str, env: Mapping[str, str]) -> tup
 _ALLOCATION_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "PE_HOSTFILE", "COBALT_JOBID")
 
 
+def _may_run_elsewhere(opts: RunOptions, env: Mapping[str, str]) -> bool:
+    """Whether some rank may run on another host: ``--hosts``/``--hostfile``, srun, or inside a batch allocation
+    (over which srun and Hydra spread the ranks)."""
+    return bool(opts.hosts or opts.hostfile or opts.launcher == "srun" or any(env.get(v) for v in _ALLOCATION_VARS))
+
+
 def _one_host_mpi_settings(opts: RunOptions, launcher_name: str, env: Mapping[str, str]) -> dict[str, str]:
     """The MPI variables a launcher-free world on one host starts the embedded MPICH with
     (:func:`hpcdist.rendezvous.mpi_env.choose`: ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1`` when the ranks outnumber
     the CPUs, ``UCX_MEM_EVENTS=no``), for a launch that puts every rank on this host: Hydra's mpiexec with
     no ``--hosts``/``--hostfile`` outside a batch allocation. Elsewhere (other hosts, srun, Open MPI) none."""
-    if launcher_name != "hydra" or opts.hosts or opts.hostfile or any(env.get(v) for v in _ALLOCATION_VARS):
+    if launcher_name != "hydra" or _may_run_elsewhere(opts, env):
         return {}
     from ..rendezvous import mpi_env
 
@@ -318,11 +324,9 @@ def _failures(status_dir: str) -> list[dict]:
     out = []
     for path in Path(status_dir).glob("rank-*.json"):
         try:
-            rec = json.loads(path.read_text())
-            rec.setdefault("time", path.stat().st_mtime)
+            out.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
-        out.append(rec)
     return sorted_failures(out)
 
 
@@ -431,9 +435,8 @@ def _status_parent(opts: RunOptions, env: Mapping[str, str], cwd: str | None = N
     sees) when the ranks may run on other hosts (``--hosts``/``--hostfile``, ``--launcher srun``, a batch
     allocation), so that their failures are named too; else, or where it is not writable, the system's
     temporary directory (None)."""
-    spans = bool(opts.hosts or opts.hostfile or opts.launcher == "srun" or any(env.get(v) for v in _ALLOCATION_VARS))
     where = os.getcwd() if cwd is None else cwd
-    return where if spans and os.access(where, os.W_OK | os.X_OK) else None
+    return where if _may_run_elsewhere(opts, env) and os.access(where, os.W_OK | os.X_OK) else None
 
 
 def execute(opts: RunOptions, env: Mapping[str, str] | None = None) -> int:
@@ -462,18 +465,18 @@ def execute(opts: RunOptions, env: Mapping[str, str] | None = None) -> int:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        if got:
-            _stop(proc)
+        if got:  # _supervise has ended the launcher
             name = signal.Signals(got[0]).name
             print(f"hpcdist run: received {name}; ended the job", file=sys.stderr)
             return 128 + got[0]
         if rc < 0:
             rc = 128 - rc
-        for line in _summary_lines(_failures(status_dir)):
+        failures = _failures(status_dir)
+        for line in _summary_lines(failures):
             print(line, file=sys.stderr)
         if note:
             print(f"hpcdist run: {note}", file=sys.stderr)
-        elif rc != 0 and not _failures(status_dir):
+        elif rc != 0 and not failures:
             print(f"hpcdist run: {Path(cmd[0]).name} exited with status {rc}", file=sys.stderr)
         return rc
 
