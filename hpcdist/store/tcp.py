@@ -381,12 +381,20 @@ class TCPStore(Store):
         # after 1 ms, then back off (x1.5) to 0.5 s, so joining does not wait tens of ms for a server that is up
         delay = 0.001
         last: BaseException | None = None
+        mute = False  # a connection was made and the server never greeted on it
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
+                hint = "check that the master runs and the host and port are reachable"
+                if mute:
+                    hint = (
+                        "the server's host took the connection but the server never greeted on it: a server out "
+                        "of file descriptors does that (its log says so; raise `ulimit -n` where the master runs), "
+                        "as does one too busy to serve"
+                    )
                 raise DistNetworkError(
                     f"could not connect to the TCPStore server at {self._where()} within {seconds:g} s "
-                    f"(last error: {last}); check that the master runs and the host and port are reachable"
+                    f"(last error: {last}); {hint}"
                 )
             try:
                 sock = socket.create_connection((self._host, self._port), timeout=min(left, 10.0))
@@ -404,6 +412,7 @@ class TCPStore(Store):
             except (OSError, P.ProtocolError) as exc:  # the server went away mid-handshake: retry
                 sock.close()
                 last = exc
+                mute = mute or isinstance(exc, TimeoutError)
             except BaseException:
                 sock.close()
                 raise

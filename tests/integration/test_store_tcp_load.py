@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import pytest
 
+from hpcdist.errors import DistNetworkError
 from hpcdist.store import PrefixStore, TCPStore, new_secret
 
 HOST = "127.0.0.1"
@@ -121,3 +122,74 @@ def test_master_waits_for_worker_processes_then_they_rendezvous():
         for p in procs:
             p.kill()
         master.close()
+
+
+# A master whose process may open only `soft` files (hard limit `hard`), as rank 0 of a job of thousands of
+# ranks under the common soft limit of 1024. It prints its port, serves until a client sets "done", then prints
+# its soft limit.
+_LIMITED_MASTER = """
+import resource, sys
+from datetime import timedelta
+from hpcdist.store import TCPStore
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2])))
+master = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=100), secret=sys.argv[3])
+print(master.port, flush=True)
+master.wait(["done"])
+print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], flush=True)
+"""
+
+
+def _limited_master(soft: int, hard: int, secret: str) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LIMITED_MASTER, str(soft), str(hard), secret],
+        env=_env(secret),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+@pytest.mark.timeout(120)
+def test_master_under_a_low_open_file_limit_serves_more_clients_than_the_limit():
+    secret, soft, clients = new_secret(), 64, 200
+    proc, port = _limited_master(soft, 4096, secret)
+    stores: list[TCPStore] = []
+    try:
+        for i in range(clients):  # each connection is a descriptor of the master: about 3x its soft limit
+            stores.append(TCPStore(HOST, port, None, False, timedelta(seconds=20), secret=secret))
+            stores[-1].set(f"k{i}", str(i))
+        assert stores[0].multi_get([f"k{i}" for i in range(clients)]) == [str(i).encode() for i in range(clients)]
+        stores[-1].set("done", "1")
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert clients < int(out) <= 4096  # the master raised its soft limit, within the hard one
+        assert "accept failed" not in err
+    finally:
+        for s in stores:
+            s.close()
+        proc.kill()
+
+
+@pytest.mark.timeout(120)
+def test_master_at_its_hard_open_file_limit_says_which_limit_and_clients_time_out_saying_why():
+    secret, limit = new_secret(), 48
+    proc, port = _limited_master(limit, limit, secret)
+    stores: list[TCPStore] = []
+    try:
+        with pytest.raises(DistNetworkError) as info:
+            for _ in range(limit + 1):  # the master's own descriptors make it fail before this many
+                stores.append(TCPStore(HOST, port, None, False, timedelta(seconds=2), secret=secret))
+        assert "never greeted" in str(info.value) and "ulimit -n" in str(info.value)
+        assert 1 < len(stores) < limit
+        stores[0].set("done", "1")
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert int(out) == limit
+        assert f"RLIMIT_NOFILE soft {limit}, hard {limit}" in err and "ulimit -n" in err
+        assert f"serves {len(stores) + 1} clients" in err  # and the master's own connection
+    finally:
+        for s in stores:
+            s.close()
+        proc.kill()
