@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .launch.hostlist import ranks_text as _ranks_text
+from ._ranklist import ranks_text as _ranks_text
 
 __all__ = ["Divergence", "Report", "analyze", "format_report", "load_dumps", "main"]
 

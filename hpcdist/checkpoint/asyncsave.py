@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._ranklist import ranks_text
 from . import layout as _layout
 from . import write as _write
 from .api import _INFLIGHT, _INFLIGHT_LOCK, agree, group_of, prepare, wait_inflight
@@ -148,7 +149,7 @@ class SaveWork:
         try:
             _poll(lambda: all(p.exists() for p in names.values()), deadline)
         except TimeoutError:
-            late = [r for r, p in names.items() if not p.exists()]
+            late = ranks_text((r for r, p in names.items() if not p.exists()), 200)
             self._give_up(tmp, f"group ranks {late} did not finish writing within {self._timeout_s:g}s", deadline)
         results = [mine]
         for p in names.values():

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable
+
+from hpcdist._ranklist import ranks_text
 
 __all__ = ["expand_hostlist", "parse_tasks_per_node", "ranks_text"]
 
@@ -124,22 +125,3 @@ def parse_tasks_per_node(spec: str) -> list[int]:
             raise ValueError(f"SLURM_TASKS_PER_NODE: bad item {item!r} in {spec!r}; expected N or N(xM)")
         out.extend([int(m.group(1))] * int(m.group(2) or 1))
     return out
-
-
-def ranks_text(ranks: Iterable[int]) -> str:
-    """Ranks for a message, the other way round from :func:`expand_hostlist`: sorted, each run of three or more
-    consecutive ranks as ``lo-hi`` (``[0, 1, 2, 3, 5, 7, 8]`` -> ``"0-3, 5, 7, 8"``), so that a line naming
-    most of a thousand ranks stays one line."""
-    values = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        if j - i >= 2:
-            parts.append(f"{values[i]}-{values[j]}")
-        else:
-            parts.extend(str(v) for v in values[i : j + 1])
-        i = j + 1
-    return ", ".join(parts)

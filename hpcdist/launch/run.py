@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from hpcdist._launchenv import free_port
+from hpcdist._ranklist import ranks_text
 from hpcdist.config import parse_number
-from hpcdist.launch.hostlist import ranks_text
 from hpcdist.launch.launchers import (
     LaunchError,
     LaunchSpec,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from hpcdist._ranklist import ranks_text
 from hpcdist.errors import DistNetworkError, DistTimeoutError
 
 if TYPE_CHECKING:
@@ -132,9 +133,9 @@ def arrive(store: Store, prefix: str, rank: int, world_size: int, deadline: Dead
             except Exception:
                 lost = True
         ranks = seen["ranks"]
-        missing = "?" if not isinstance(ranks, set) else ", ".join(str(r) for r in range(world_size) if r not in ranks)
-        if len(missing) > 80:
-            missing = missing[:80] + " ..."
+        missing = "?"
+        if isinstance(ranks, set):
+            missing = ranks_text((r for r in range(world_size) if r not in ranks), limit=200)
         why = (
             "the rendezvous store went away (rank 0, which serves it, gave up or failed); last seen: "
             if lost

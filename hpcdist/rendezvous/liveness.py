@@ -22,6 +22,7 @@ rank and one daemon thread per process.
 from __future__ import annotations
 
 import atexit
+import errno
 import selectors
 import socket
 import struct
@@ -29,6 +30,8 @@ import threading
 from datetime import timedelta
 from typing import Any
 
+from hpcdist._descriptors import limits_text, more_descriptors
+from hpcdist._ranklist import ranks_text
 from hpcdist.errors import DistNetworkError, DistTimeoutError
 
 __all__ = ["Liveness"]
@@ -55,7 +58,7 @@ class Liveness:
             store.set(key, f"{host}:{server.getsockname()[1]}")
             try:
                 for _ in range(size - 1):
-                    conn, _addr = server.accept()
+                    conn = _accept(server)
                     conn.settimeout(limit)
                     (peer,) = _HELLO.unpack(_recv_exactly(conn, _HELLO.size))
                     conn.settimeout(None)
@@ -63,8 +66,13 @@ class Liveness:
             except (OSError, struct.error) as exc:  # a socket timeout is an OSError too
                 missing = sorted(set(range(1, size)) - set(self._peers.values()))
                 self._close_all()
+                if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
+                    raise DistNetworkError(
+                        f"init_process_group: rank 0 ran out of file descriptors after accepting the liveness "
+                        f"connections of {size - 1 - len(missing)} of {size - 1} ranks, at {limits_text()}"
+                    ) from None
                 raise DistTimeoutError(
-                    f"init_process_group: rank(s) {missing} of this launcher-free world did not open their liveness "
+                    f"init_process_group: rank(s) {ranks_text(missing, 200)} of this launcher-free world did not open their liveness "
                     f"connection to rank 0 within {limit:g} s ({type(exc).__name__}: {exc}); they ended or hung "
                     "right after joining: see their output"
                 ) from None
@@ -144,6 +152,16 @@ class Liveness:
             f"ended by os._exit); ending rank {self.rank} too, as a launcher would end the job\n",
             1,
         )
+
+
+def _accept(server: socket.socket) -> socket.socket:
+    """The next connection; out of descriptors (``EMFILE``), the soft limit is raised and accept tried again."""
+    while True:
+        try:
+            return server.accept()[0]
+        except OSError as exc:
+            if exc.errno != errno.EMFILE or more_descriptors() is None:
+                raise
 
 
 def _family(host: str) -> socket.AddressFamily:

@@ -14,10 +14,9 @@ closed; a client that stops reading its replies stops being served until it
 drains them. Nothing received is ever unpickled or evaluated.
 
 Scale: one connection is one file descriptor, and a job's rank 0 serves every
-rank. When ``accept`` fails for want of descriptors (``EMFILE``: the soft
-``RLIMIT_NOFILE``, 1024 on many systems, against thousands of ranks), the
-server raises this process's soft limit towards the hard one, doubling it, as
-Go's runtime does at start; only where the hard limit is reached does it
+rank. When ``accept`` fails for want of descriptors (``EMFILE``), the server
+raises this process's soft limit towards the hard one
+(:mod:`hpcdist._descriptors`); only where the hard limit is reached does it
 pause accepting and say which limit to raise.
 """
 
@@ -35,6 +34,7 @@ import threading
 import time
 from collections import deque
 
+from .._descriptors import limits_text, more_descriptors
 from . import _protocol as P
 from ._auth import NONCE_BYTES, client_proof, new_nonce, server_proof
 from ._state import KVState
@@ -48,40 +48,8 @@ _RECV = 256 * 1024  # bytes asked of one recv()
 _BIG = 1024 * 1024  # frames at least this big are received in place
 _OUT_HIGH = 8 * 1024 * 1024  # stop serving a connection with this much unsent output
 _ACCEPT_PAUSE = 0.1  # seconds without accepting after accept() failed (EMFILE)
-_NOFILE_CAP = 1 << 20  # the kernel's default fs.nr_open: a soft limit above it is refused
 _LISTEN = object()
 _WAKE = object()
-
-
-def more_descriptors() -> tuple[int, int] | None:
-    """Double this process's soft ``RLIMIT_NOFILE``, up to its hard limit.
-
-    Returns ``(old, new)``, or None where the soft limit is already at the hard
-    one (or the platform has no such limit, or the kernel refuses).
-    """
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not POSIX
-        return None
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    cap = _NOFILE_CAP if hard == resource.RLIM_INFINITY else min(hard, _NOFILE_CAP)
-    if soft == resource.RLIM_INFINITY or soft >= cap:
-        return None
-    new = min(cap, max(2 * soft, soft + 64))
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-    except (ValueError, OSError):
-        return None
-    return soft, new
-
-
-def _descriptor_limits() -> str:
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not POSIX
-        return "the open-file limit"
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return f"the open-file limit (RLIMIT_NOFILE soft {soft}, hard {hard})"
 
 
 class _Conn:
@@ -262,11 +230,7 @@ class TCPServer(RequestHandlers):
                     self._accept_warned = now
                     hint = ""
                     if exc.errno == errno.EMFILE:
-                        hint = (
-                            f"; this process serves {len(self._conns)} clients and is at {_descriptor_limits()}: "
-                            "raise the hard limit where the job starts (`ulimit -n` in the job script, "
-                            "`LimitNOFILE` of the service, or limits.conf)"
-                        )
+                        hint = f"; this process serves {len(self._conns)} clients and is at {limits_text()}"
                     _log.warning("hpcdist store server: accept failed: %s%s; pausing accepts briefly", exc, hint)
                 with contextlib.suppress(KeyError, ValueError, OSError):
                     self._sel.unregister(self._listener)

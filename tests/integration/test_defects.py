@@ -260,6 +260,8 @@ elif dist.get_rank() == 0:
     assert "GROUP TIMEOUT" in r.stdout, r.output
     what = call.split("(")[0].removeprefix("dist.")
     assert what in r.stdout.split("GROUP TIMEOUT")[1], r.output
+    if "use_local_synchronization" in call:  # the first member waits for the others: it names who did not come
+        assert "ranks 1 of the 2 members (0, 1) did not arrive" in r.stdout, r.output
 
 
 # ---------------------------------------------------------------- 7. monitored_barrier state lives on the group

@@ -248,7 +248,7 @@ def test_ranks_passing_different_paths_are_refused(ckdir):  # noqa: F811
     _need_ranks(2)
     r = dist.get_rank()
     mine = ckdir / f"step_{10 + min(r, 1)}"
-    with pytest.raises(ck.CheckpointError, match=r"different paths.*rank\(s\) \[1.*step_11.*rank 0.*step_10"):
+    with pytest.raises(ck.CheckpointError, match=r"different paths.*rank\(s\) 1.*step_11.*rank 0.*step_10"):
         ck.save({"a": np.ones(2)}, mine)
     assert not (ckdir / "step_10").exists() and not (ckdir / "step_11").exists() and _hidden(ckdir) == []
     for name, v in (("A", 1.0), ("B", 2.0)):

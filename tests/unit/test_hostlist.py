@@ -101,3 +101,16 @@ def test_ranks_text_folds_runs_of_three_or_more(ranks, text):
     assert [int(h[1:]) for h in expand_hostlist(",".join(f"r[{p.strip()}]" for p in text.split(",")))] == sorted(
         set(ranks)
     )
+
+
+def test_ranks_text_cuts_a_long_text_after_a_whole_part_and_counts_the_ranks():
+    from hpcdist.launch.hostlist import ranks_text
+
+    evens = list(range(0, 4096, 2))
+    text = ranks_text(evens, limit=40)
+    assert text.endswith(", ... (2048 ranks)") and len(text) <= 40 + len(", ... (2048 ranks)")
+    shown = [int(p) for p in text.split(", ")[:-1]]
+    assert shown == evens[: len(shown)] and len(shown) >= 8  # whole numbers, the first ones, none cut
+    assert ranks_text(range(4096), limit=10) == "0-4095"  # what fits is not cut
+    assert ranks_text([1, 2, 3, 7], limit=6) == "1-3, 7"
+    assert ranks_text([1, 2, 3, 7], limit=5) == "1-3, ... (4 ranks)"

@@ -45,6 +45,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "hpcdist._watchdog",
             "hpcdist._world",
             "hpcdist._launchenv",
+            "hpcdist._descriptors",
+            "hpcdist._ranklist",
             "hpcdist._torch_autoload",
             "hpcdist.errors",
             "hpcdist.config",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -31,18 +33,15 @@ def _connect_as(store: HashStore, rank: int) -> socket.socket:
     return conn
 
 
-@pytest.mark.parametrize("present", [[], [2]])
-def test_rank0_names_the_ranks_that_never_connect(present):
+@pytest.mark.parametrize(("present", "named"), [([], "1-3"), ([2], "1, 3")])
+def test_rank0_names_the_ranks_that_never_connect(present, named):
     store = HashStore()
     conns: list[socket.socket] = []
     threads = [threading.Thread(target=lambda r=r: conns.append(_connect_as(store, r))) for r in present]
     for t in threads:
         t.start()
-    missing = sorted({1, 2, 3} - set(present))
     t0 = time.monotonic()
-    with pytest.raises(
-        DistTimeoutError, match=re.escape(f"rank(s) {missing} of this launcher-free world did not open")
-    ):
+    with pytest.raises(DistTimeoutError, match=re.escape(f"rank(s) {named} of this launcher-free world did not open")):
         Liveness(store, 0, 4, timedelta(seconds=0.5), "127.0.0.1")
     assert time.monotonic() - t0 < 5
     for t in threads:
@@ -61,3 +60,64 @@ def test_a_rank_that_cannot_reach_rank0_names_the_address():
         DistNetworkError, match=rf"rank 1 could not open its liveness connection to rank 0 at 127.0.0.1:{port}"
     ):
         Liveness(store, 1, 2, timedelta(seconds=1), "127.0.0.1")
+
+
+# Rank 0 of a world of N+1 ranks in a process that may open only `slack` more files than it has open (hard
+# limit `hard`, or the same): it prints the address its liveness server listens on, accepts, then prints its
+# soft limit or the error. The N connections come from the test process (whose limit is not lowered).
+_RANK0 = """
+import os, resource, sys
+from datetime import timedelta
+from hpcdist.rendezvous.liveness import Liveness
+from hpcdist.store import HashStore
+n, slack, same = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "same"
+class Store(HashStore):
+    def set(self, key, value):
+        super().set(key, value)
+        print(value, flush=True)
+soft = len(os.listdir("/proc/self/fd")) + slack
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, soft if same else 4096))
+try:
+    live = Liveness(Store(), 0, n + 1, timedelta(seconds=20), "127.0.0.1")
+except Exception as exc:
+    print(f"{type(exc).__name__}: {exc}", flush=True)
+else:
+    print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], flush=True)
+    live.leave()
+"""
+
+
+def _rank0_with_few_descriptors(n: int, slack: int, same: bool) -> str:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RANK0, str(n), str(slack), "same" if same else "raise"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    conns: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        host, port = proc.stdout.readline().strip().rsplit(":", 1)
+        for rank in range(1, n + 1):
+            try:
+                conns.append(socket.create_connection((host, int(port)), timeout=10))
+                conns[-1].sendall(struct.pack("!i", rank))
+            except OSError:  # rank 0 gave up and closed its server
+                break
+        out, _ = proc.communicate(timeout=40)
+        assert proc.returncode == 0
+        return out.strip()
+    finally:
+        for c in conns:
+            c.close()
+        proc.kill()
+
+
+def test_rank0_accepts_more_ranks_than_its_soft_open_file_limit_allows():
+    # 100 connections against 10 descriptors to spare: it used to fail with "did not open their liveness connection"
+    assert int(_rank0_with_few_descriptors(100, 10, same=False)) > 100
+
+
+def test_rank0_at_its_hard_open_file_limit_says_so():
+    out = _rank0_with_few_descriptors(100, 10, same=True)
+    assert out.startswith("DistNetworkError: init_process_group: rank 0 ran out of file descriptors"), out
+    assert "of 100 ranks" in out and "hard" in out and "ulimit -n" in out
