@@ -8,9 +8,17 @@ of a few hundred ranks ran rank 0 out of descriptors. Where ``accept`` fails
 with ``EMFILE``, those servers call :func:`more_descriptors` and try again,
 as Go's runtime raises its soft limit to the hard one at start; only where
 the hard limit is reached do they report it, with :func:`limits_text`.
+
+``resource`` is imported with this module, not when descriptors run out: by
+then importing it (opening its extension module) fails with ``EMFILE`` too.
 """
 
 from __future__ import annotations
+
+try:
+    import resource
+except ImportError:  # pragma: no cover - not POSIX
+    resource = None  # type: ignore[assignment]
 
 __all__ = ["limits_text", "more_descriptors"]
 
@@ -23,9 +31,7 @@ def more_descriptors() -> tuple[int, int] | None:
     Returns ``(old, new)``, or None where the soft limit is already at the hard
     one (or the platform has no such limit, or the kernel refuses).
     """
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not POSIX
+    if resource is None:  # pragma: no cover - not POSIX
         return None
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     cap = _CAP if hard == resource.RLIM_INFINITY else min(hard, _CAP)
@@ -41,9 +47,7 @@ def more_descriptors() -> tuple[int, int] | None:
 
 def limits_text() -> str:
     """The open-file limits of this process, and what to do about them, for an error message."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not POSIX
+    if resource is None:  # pragma: no cover - not POSIX
         return "its open-file limit"
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     return (

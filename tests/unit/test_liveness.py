@@ -8,12 +8,14 @@ that cannot reach rank 0 a DistNetworkError naming the address.
 from __future__ import annotations
 
 import re
+import resource
 import socket
 import struct
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -62,36 +64,43 @@ def test_a_rank_that_cannot_reach_rank0_names_the_address():
         Liveness(store, 1, 2, timedelta(seconds=1), "127.0.0.1")
 
 
-# Rank 0 of a world of N+1 ranks in a process that may open only `slack` more files than it has open (hard
-# limit `hard`, or the same): it prints the address its liveness server listens on, accepts, then prints its
-# soft limit or the error. The N connections come from the test process (whose limit is not lowered).
+# Rank 0 of a world of N+1 ranks in a process started with a soft open-file limit of `soft` (hard limit 4096, or
+# the same), as a job's processes are: it prints the address its liveness server listens on, accepts, then prints
+# its soft limit (from /proc: the script imports nothing hpcdist would not) or the error. The N connections come
+# from the test process, whose limit is not lowered.
 _RANK0 = """
-import os, resource, sys
+import sys
 from datetime import timedelta
 from hpcdist.rendezvous.liveness import Liveness
 from hpcdist.store import HashStore
-n, slack, same = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "same"
 class Store(HashStore):
     def set(self, key, value):
         super().set(key, value)
         print(value, flush=True)
-soft = len(os.listdir("/proc/self/fd")) + slack
-resource.setrlimit(resource.RLIMIT_NOFILE, (soft, soft if same else 4096))
 try:
-    live = Liveness(Store(), 0, n + 1, timedelta(seconds=20), "127.0.0.1")
+    live = Liveness(Store(), 0, int(sys.argv[1]) + 1, timedelta(seconds=20), "127.0.0.1")
 except Exception as exc:
     print(f"{type(exc).__name__}: {exc}", flush=True)
 else:
-    print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], flush=True)
+    with open("/proc/self/limits") as f:
+        print(next(ln for ln in f if ln.startswith("Max open files")).split()[3], flush=True)
     live.leave()
 """
 
 
-def _rank0_with_few_descriptors(n: int, slack: int, same: bool) -> str:
+def _limited(soft: int, hard: int) -> Callable[[], None]:
+    def apply() -> None:  # in the child, before exec: the interpreter starts under the limit
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    return apply
+
+
+def _rank0_with_few_descriptors(n: int, soft: int, same: bool) -> str:
     proc = subprocess.Popen(
-        [sys.executable, "-c", _RANK0, str(n), str(slack), "same" if same else "raise"],
+        [sys.executable, "-c", _RANK0, str(n)],
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=_limited(soft, soft if same else 4096),
     )
     conns: list[socket.socket] = []
     try:
@@ -113,11 +122,11 @@ def _rank0_with_few_descriptors(n: int, slack: int, same: bool) -> str:
 
 
 def test_rank0_accepts_more_ranks_than_its_soft_open_file_limit_allows():
-    # 100 connections against 10 descriptors to spare: it used to fail with "did not open their liveness connection"
-    assert int(_rank0_with_few_descriptors(100, 10, same=False)) > 100
+    # 100 connections under a limit of 32: it used to fail with "did not open their liveness connection"
+    assert int(_rank0_with_few_descriptors(100, 32, same=False)) > 100
 
 
 def test_rank0_at_its_hard_open_file_limit_says_so():
-    out = _rank0_with_few_descriptors(100, 10, same=True)
+    out = _rank0_with_few_descriptors(100, 32, same=True)
     assert out.startswith("DistNetworkError: init_process_group: rank 0 ran out of file descriptors"), out
     assert "of 100 ranks" in out and "hard" in out and "ulimit -n" in out
