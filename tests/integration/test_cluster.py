@@ -1,4 +1,5 @@
-"""Jobs on a simulated 2-node cluster: node identity, LOCAL_RANK, launcher-free join, hierarchical collectives.
+"""Jobs on a simulated 2-node cluster: node identity, LOCAL_RANK, launcher-free join, hierarchical collectives,
+``hpcdist run`` across the nodes.
 
 `scripts/cluster-up` makes two "nodes" on this host (network namespaces
 with their own host names, /dev/shm and addresses 10.77.0.1/.2 on a private
@@ -14,13 +15,17 @@ as root) they fail instead, so they really run there.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import simcluster
-from mpirun import Result, run_limited
+from mpirun import ROOT, Result, run_limited, run_within
 from simcluster import SCRIPTS
 
 JOB = Path(__file__).with_name("cluster_job.py")
@@ -121,3 +126,93 @@ def test_cluster_exec_runs_on_its_node(cluster, tmp_path):
     assert (h1, a1, h2, a2) == ("node1", "10.77.0.1", "node2", "10.77.0.2")
     assert d1 != d2  # each node has its own /dev/shm
     assert int(e1) == int(e2) == 111  # ECONNREFUSED: the peer answered (nobody listens on port 9), not unreachable
+
+
+# ranks 0 (node1) and 1 (node2) leave their pids in the working directory and wait to be killed
+_RUN_JOB = """
+import os, resource, socket, time
+import numpy as np
+import hpcdist as dist
+dist.init_process_group("mpi")
+rank = dist.get_rank()
+x = np.ones(4)
+dist.all_reduce(x)
+os.write(1, f"RANK {rank} {socket.gethostname()} {int(x[0])}\\n".encode())  # one write: lines of ranks interleave
+if rank in (0, 1):
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))  # SIGABRT: no core
+    with open(f"pid{rank}.tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(f"pid{rank}.tmp", f"pid{rank}")
+time.sleep(60)
+"""
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat from the state on: [state, ppid, ...]."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def _kill_when_ready(where: Path, signals: dict[int, int], limit: float) -> None:
+    """Two failures at once, made deterministic: once every rank of ``signals`` left its pid in ``where``, stop
+    the Hydra proxies above their wardens, kill each rank with its signal, and let the proxies go on only once
+    every warden recorded its rank (``where/.hpcdist-run-*/rank-N.json``). Hydra, reacting to the first rank that
+    ends, ends the rest; a warden it ends first records nothing (killing the ranks back to back lost the second
+    record 2 times in 8 under load)."""
+    deadline = time.monotonic() + limit
+    while not all((where / f"pid{r}").exists() for r in signals) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ranks = {r: int((where / f"pid{r}").read_text()) for r in signals}
+    proxies = {int(_stat(int(_stat(pid)[1]))[1]) for pid in ranks.values()}  # rank -> warden -> proxy
+    try:
+        for p in proxies:
+            os.kill(p, signal.SIGSTOP)
+        for r, sig in signals.items():
+            os.kill(ranks[r], sig)
+        recorded = time.monotonic() + 30  # a warden that records nothing fails the test, not in JOB_LIMIT
+        while time.monotonic() < recorded and not all(list(where.glob(f".hpcdist-run-*/rank-{r}.json")) for r in ranks):
+            time.sleep(0.01)
+    finally:
+        for p in proxies:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGCONT)
+
+
+def test_hpcdist_run_across_nodes_names_each_failed_rank_with_its_host(cluster, tmp_path):
+    """``hpcdist run --hosts node1,node2`` started on node1, Hydra reaching node2 through its ssh launcher
+    (``scripts/cluster-ssh``). Rank 0 on node1 is killed by SIGKILL, rank 1 on node2 by SIGABRT: the summary
+    names both with their hosts (the failures span hosts), read from the records their wardens wrote into the
+    shared working directory, which is gone afterwards. (Not SIGSEGV: UCX's handler of it prints a backtrace
+    first, which under load took long enough for Hydra, reacting to rank 0, to end rank 1 as part of the job.)"""
+    script = tmp_path / "job.py"
+    script.write_text(_RUN_JOB)
+    env = dict(
+        os.environ,
+        HPCDIST_CLUSTER=cluster,
+        HPCDIST_CLUSTER_ROOT_PID=str(os.getpid()),  # this process is outside every node
+        HYDRA_LAUNCHER="ssh",
+        HYDRA_LAUNCHER_EXEC=str(SCRIPTS / "cluster-ssh"),
+        UCX_TLS="tcp,self",
+        PYTHONPATH=str(ROOT),
+        HPCDIST_TIMEOUT="60",
+    )
+    for var in ("SLURM_JOB_ID", "HPCDIST_RUN_WARDEN", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(var, None)
+    killer = threading.Thread(
+        target=_kill_when_ready, args=(tmp_path, {0: signal.SIGKILL, 1: signal.SIGABRT}, JOB_LIMIT), daemon=True
+    )
+    killer.start()
+    cmd = [str(SCRIPTS / "cluster-exec"), "node1", sys.executable, "-m", "hpcdist", "run"]
+    res = run_within([*cmd, "--hosts", "node1,node2", "-n", "4", str(script)], env, JOB_LIMIT, cwd=tmp_path)
+    killer.join(10)
+    assert not killer.is_alive()
+    hosts = {int(ln.split()[1]): ln.split()[2] for ln in res.stdout.splitlines() if ln.startswith("RANK ")}
+    assert hosts == {0: "node1", 1: "node2", 2: "node1", 3: "node2"}, res.output  # Hydra: one rank per host in turn
+    assert res.returncode != 0, res.output
+    summary = [ln for ln in res.stderr.splitlines() if ln.startswith("hpcdist run: rank")]
+    assert sorted(summary) == [
+        "hpcdist run: rank 0 on node1 failed: killed by SIGKILL (signal 9: the kernel's out-of-memory killer, "
+        "or a kill -9)",
+        "hpcdist run: rank 1 on node2 failed: killed by SIGABRT (signal 6: abort() in native code)",
+    ], res.output
+    assert not list(tmp_path.glob(".hpcdist-run-*")), "the records directory was left behind"
