@@ -19,7 +19,9 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -439,6 +441,29 @@ def _status_parent(opts: RunOptions, env: Mapping[str, str], cwd: str | None = N
     return where if _may_run_elsewhere(opts, env) and os.access(where, os.W_OK | os.X_OK) else None
 
 
+def _status_prefix() -> str:
+    """The name of this launch's records directory starts so: who made it, to find it again if it is left."""
+    return f".hpcdist-run-{socket.gethostname()}-{os.getpid()}-"
+
+
+def _sweep_left_records(parent: str) -> None:
+    """Remove records directories in ``parent`` that a ``hpcdist run`` of this host left when it was killed (no
+    cleanup runs after a SIGKILL): those whose process is gone. Another host's, or a live one's, stay."""
+    mine = f".hpcdist-run-{socket.gethostname()}-"
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        for entry in entries:
+            # PID-RANDOM (tempfile's names have no "-"): not "2-PID-RANDOM" of a host named like this one + "-2"
+            made = re.fullmatch(r"(\d+)-[a-z0-9_]+", entry.name[len(mine) :]) if entry.name.startswith(mine) else None
+            if made is None or not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                os.kill(int(made.group(1)), 0)
+            except ProcessLookupError:
+                shutil.rmtree(entry.path, ignore_errors=True)
+            except OSError:  # alive, another user's
+                pass
+
+
 def execute(opts: RunOptions, env: Mapping[str, str] | None = None) -> int:
     """Launch the job; return the exit status for ``hpcdist run``."""
     env = os.environ if env is None else env
@@ -446,7 +471,10 @@ def execute(opts: RunOptions, env: Mapping[str, str] | None = None) -> int:
         cmd, child_env = build_command(opts, env)
         print(shlex.join(_dry_run_env(env, child_env) + cmd))
         return 0
-    with tempfile.TemporaryDirectory(prefix=".hpcdist-run-", dir=_status_parent(opts, env)) as status_dir:
+    parent = _status_parent(opts, env)
+    if parent is not None:
+        _sweep_left_records(parent)
+    with tempfile.TemporaryDirectory(prefix=_status_prefix(), dir=parent) as status_dir:
         cmd, child_env = build_command(opts, env, status_dir)
         try:
             proc = subprocess.Popen(cmd, env=child_env)

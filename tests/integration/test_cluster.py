@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -182,10 +183,13 @@ def test_hpcdist_run_across_nodes_names_each_failed_rank_with_its_host(cluster, 
     """``hpcdist run --hosts node1,node2`` started on node1, Hydra reaching node2 through its ssh launcher
     (``scripts/cluster-ssh``). Rank 0 on node1 is killed by SIGKILL, rank 1 on node2 by SIGABRT: the summary
     names both with their hosts (the failures span hosts), read from the records their wardens wrote into the
-    shared working directory, which is gone afterwards. (Not SIGSEGV: UCX's handler of it prints a backtrace
+    shared working directory, which is gone afterwards (as is one a killed launch of node1 had left there). (Not SIGSEGV: UCX's handler of it prints a backtrace
     first, which under load took long enough for Hydra, reacting to rank 0, to end rank 1 as part of the job.)"""
     script = tmp_path / "job.py"
     script.write_text(_RUN_JOB)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (tmp_path / f".hpcdist-run-node1-{gone.pid}-k2j3x9q1").mkdir()  # left by a killed launch on node1: swept
     env = dict(
         os.environ,
         HPCDIST_CLUSTER=cluster,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 import sys
 
 import pytest
@@ -424,3 +427,33 @@ def test_failure_records_go_where_every_node_sees_them_when_ranks_may_be_elsewhe
     assert runmod._status_parent(opts, env, cwd=str(tmp_path)) == (str(tmp_path) if shared else None)
     # a working directory this process cannot write into (here: gone): the system's temporary directory after all
     assert runmod._status_parent(opts, env, cwd=str(tmp_path / "gone")) is None
+
+
+def test_records_left_by_a_killed_launch_of_this_host_are_swept_and_no_other(tmp_path):
+    """A SIGKILLed ``hpcdist run`` leaves its hidden records directory in the working directory; the next launch
+    there removes those of this host whose process is gone, and leaves a live one's and another host's."""
+    host = socket.gethostname()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = {
+        "dead": f".hpcdist-run-{host}-{gone.pid}-abc",
+        "alive": f".hpcdist-run-{host}-{os.getpid()}-def",
+        "elsewhere": f".hpcdist-run-{host}x-{gone.pid}-ghi",  # another host whose name starts like this one
+        "elsewhere too": f".hpcdist-run-{host}-2-{gone.pid}-jkl",  # host "<this one>-2"
+        "old format": ".hpcdist-run-k2j3",
+    }
+    for name in left.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rank-0.json").write_text("{}")
+    (tmp_path / f".hpcdist-run-{host}-{gone.pid}-file").write_text("not a directory")
+    runmod._sweep_left_records(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [
+            left["alive"],
+            left["elsewhere"],
+            left["elsewhere too"],
+            left["old format"],
+            f".hpcdist-run-{host}-{gone.pid}-file",
+        ]
+    )
+    assert runmod._status_prefix() == f".hpcdist-run-{host}-{os.getpid()}-"  # what the sweep parses
