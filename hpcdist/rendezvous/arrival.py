@@ -123,8 +123,12 @@ def arrive(store: Store, prefix: str, rank: int, world_size: int, deadline: Dead
     seen: dict[str, object] = {"count": count, "ranks": None}
 
     def refresh() -> None:
-        seen["count"] = store.add(count_key, 0)
-        seen["ranks"] = {int(x) for x in store.get(who).split()}
+        # every waiting rank refreshes each second: who arrived (a list of them all, ~20 KB at 4096 ranks) is
+        # fetched again only when more did, not each second from every rank while they wait for a late one
+        count = store.add(count_key, 0)
+        if count != seen["count"] or seen["ranks"] is None:
+            seen["ranks"] = {int(x) for x in store.get(who).split()}
+        seen["count"] = count
 
     def message(lost: bool) -> str:
         if not lost:

@@ -61,3 +61,24 @@ def test_a_wait_that_succeeds_returns():
     store = HashStore()
     store.set("here", "1")
     Deadline(T10).wait(store, ["here"], lambda lost: "unused")
+
+
+def test_waiting_ranks_fetch_who_arrived_only_when_more_did():
+    """Every rank waiting for a late one refreshes its snapshot each second; the list of who arrived (one entry per
+    rank) is fetched again only when the count moved: 4096 ranks fetching ~20 KB each second loaded rank 0."""
+    from hpcdist.rendezvous.arrival import arrive
+
+    class Counting(HashStore):
+        gets = 0
+
+        def get(self, key):
+            if key.endswith("/who"):
+                Counting.gets += 1
+            return super().get(key)
+
+    store = Counting()
+    store.append("job/who", "2 ")  # rank 2 arrived; rank 1 never does
+    store.add("job/count", 1)
+    with pytest.raises(DistTimeoutError, match=r"2 of 3 processes joined \(missing rank\(s\): 1\)"):
+        arrive(store, "job", 0, 3, Deadline(timedelta(seconds=2.2)))  # refreshes at about 1 and 2 s, then the message
+    assert Counting.gets == 1
