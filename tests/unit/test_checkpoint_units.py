@@ -270,3 +270,41 @@ def test_shard_refuses_non_integral_and_accepts_negative_dims():
         Shard.even((4,), 0, 0, 0)
     assert Shard.even((10, 3), -1, 1, 2) == Shard.even((10, 3), 1, 1, 2)
     assert Shard((np.int64(4),), (0,), (4.0,)).sizes == (4,)  # integral values of any number type are fine
+
+
+def test_rank0_waiting_for_result_files_stats_each_about_once(tmp_path):
+    """async_save's group rank 0 polls for one result file per rank. ``all(p.exists() ...)`` stated again, at every
+    poll, each file that had already arrived (up to one stat per rank per poll, 0.2 s apart, on a parallel file
+    system's metadata server); ``_all_exist`` stats the missing ones only, stopping at the first."""
+    from hpcdist.checkpoint.asyncsave import _all_exist
+
+    stats = []
+
+    class Counted(type(tmp_path)):  # a Path whose exists() is counted
+        def exists(self, *args, **kwargs):  # type: ignore[override]
+            stats.append(self.name)
+            return super().exists(*args, **kwargs)
+
+    paths = [Counted(tmp_path / f"r{i}") for i in range(100)]
+    ready = _all_exist(paths)
+    polls = 0
+    for arrived in range(0, 101, 10):  # ten ranks more arrive between polls, in rank order
+        for p in paths[:arrived]:
+            p.touch()
+        polls += 1
+        assert ready() == (arrived == 100)
+    assert len(stats) <= len(paths) + polls  # each file once when it arrived, plus one missing one per poll
+    assert ready() and len(stats) <= len(paths) + polls  # and nothing once all arrived
+
+
+def test_peers_polling_for_the_commit_back_off_further_in_large_groups():
+    """4096 ranks polling for rank 0's commit every 0.2 s would be 20,000 metadata requests a second: the cap of
+    the back-off grows with the number of ranks polling (0.2 s per 256)."""
+    from hpcdist.checkpoint.asyncsave import _delays
+
+    def first(peers: int, n: int = 16) -> list[float]:
+        return list(itertools.islice(_delays(peers), n))
+
+    assert first(1)[:3] == [0.002, 0.004, 0.008] and max(first(1)) == 0.2 == first(1)[-1]
+    assert max(first(256)) == 0.2 and max(first(1024)) == 0.8 and max(first(4096)) == 3.2
+    assert first(4096)[:7] == first(1)[:7]  # the first polls as quick: a small save is not slowed
