@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["ranks_text"]
+__all__ = ["MESSAGE_LIMIT", "ranks_text"]
+
+#: at most about this many characters of a rank list in an error message (``ranks_text(..., MESSAGE_LIMIT)``)
+MESSAGE_LIMIT = 200
 
 
 def ranks_text(ranks: Iterable[int], limit: int | None = None) -> str:

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ._exit import poison
-from ._ranklist import ranks_text
+from ._ranklist import MESSAGE_LIMIT, ranks_text
 from ._watchdog import WATCHDOG
 from .errors import DistTimeoutError
 from .work import strand, wait_requests
@@ -38,9 +38,6 @@ __all__ = [
     "watched",
     "wait_or_raise",
 ]
-
-#: at most this many characters of a rank list in an error (a job of thousands of ranks)
-_SHOWN = 200
 
 #: What a rank stuck in init is told: who must call what.
 INIT_HINT = (
@@ -133,8 +130,8 @@ def timed_members_barrier(comm: Any, members: list[int], timeout_s: float, what:
             absent = [m for m, r in zip(others, reqs) if not r.Test()]
             _cancel(reqs)
             _give_up(
-                f"{what}: ranks {ranks_text(absent, _SHOWN)} of the {len(members)} members "
-                f"({ranks_text(members, _SHOWN)}) did not arrive within {timeout_s:g}s ({_rank_note(comm)}); {hint}"
+                f"{what}: ranks {ranks_text(absent, MESSAGE_LIMIT)} of the {len(members)} members "
+                f"({ranks_text(members, MESSAGE_LIMIT)}) did not arrive within {timeout_s:g}s ({_rank_note(comm)}); {hint}"
             )
         token = np.zeros(1, dtype=np.int8)
         wait_or_raise(comm, [comm.Isend(token, m, tag) for m in others], timeout_s, what, hint)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import config
-from ._ranklist import ranks_text
+from ._ranklist import MESSAGE_LIMIT, ranks_text
 from ._timed import timed_members_barrier, wait_or_raise, watched
 from ._world import WORLD as _WORLD
 from ._world import not_initialized
@@ -535,7 +535,7 @@ def _agree(parent: ProcessGroup, shown: Any, limit: float, what: str) -> None:
     differ = [r for r, d in enumerate(digests.tolist()) if d != digests[0]]
     if differ:
         raise ValueError(
-            f"{what}: the ranks were given different groups to make: group rank(s) {ranks_text(differ, 200)} passed "
+            f"{what}: the ranks were given different groups to make: group rank(s) {ranks_text(differ, MESSAGE_LIMIT)} passed "
             "other rank lists "
             f"than group rank 0 (this rank, group rank {parent.rank()}, passed {shown!r:.200}); every rank "
             "must pass the same mesh / rank lists"

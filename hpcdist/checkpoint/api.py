@@ -23,7 +23,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from .._ranklist import ranks_text
+from .._ranklist import MESSAGE_LIMIT, ranks_text
 from ..group import GroupMember, ProcessGroup, resolve_group
 from ..objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
 from . import layout as _layout
@@ -91,7 +91,7 @@ def _raise_first(outcomes: list[Any], what: str) -> None:
     msgs: dict[str, list[int]] = {}
     for r, o in bad:
         msgs.setdefault(o, []).append(r)
-    text = "; ".join(f"on group rank(s) {ranks_text(rs, 200)}: {m}" for m, rs in msgs.items())
+    text = "; ".join(f"on group rank(s) {ranks_text(rs, MESSAGE_LIMIT)}: {m}" for m, rs in msgs.items())
     raise CheckpointError(f"{what} failed {text}")
 
 
@@ -100,7 +100,7 @@ def same_paths(paths: list[str]) -> None:
     others = [r for r, p in enumerate(paths) if p != paths[0]]
     if others:
         raise CheckpointError(
-            f"the ranks passed different paths: group rank(s) {ranks_text(others, 200)} passed {paths[others[0]]!r}, group "
+            f"the ranks passed different paths: group rank(s) {ranks_text(others, MESSAGE_LIMIT)} passed {paths[others[0]]!r}, group "
             f"rank 0 {paths[0]!r}; every rank must pass the same path (build it from a step all ranks share)"
         )
 

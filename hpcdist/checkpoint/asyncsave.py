@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .._ranklist import ranks_text
+from .._ranklist import MESSAGE_LIMIT, ranks_text
 from . import layout as _layout
 from . import write as _write
 from .api import _INFLIGHT, _INFLIGHT_LOCK, agree, group_of, prepare, wait_inflight
@@ -151,7 +151,7 @@ class SaveWork:
         try:
             _poll(_all_exist(list(names.values())), deadline)
         except TimeoutError:
-            late = ranks_text((r for r, p in names.items() if not p.exists()), 200)
+            late = ranks_text((r for r, p in names.items() if not p.exists()), MESSAGE_LIMIT)
             self._give_up(tmp, f"group ranks {late} did not finish writing within {self._timeout_s:g}s", deadline)
         results = [mine]
         for p in names.values():

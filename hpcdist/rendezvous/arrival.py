@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from hpcdist._ranklist import ranks_text
+from hpcdist._ranklist import MESSAGE_LIMIT, ranks_text
 from hpcdist.errors import DistNetworkError, DistTimeoutError
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def arrive(store: Store, prefix: str, rank: int, world_size: int, deadline: Dead
         ranks = seen["ranks"]
         missing = "?"
         if isinstance(ranks, set):
-            missing = ranks_text((r for r in range(world_size) if r not in ranks), limit=200)
+            missing = ranks_text((r for r in range(world_size) if r not in ranks), limit=MESSAGE_LIMIT)
         why = (
             "the rendezvous store went away (rank 0, which serves it, gave up or failed); last seen: "
             if lost

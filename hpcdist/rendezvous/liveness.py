@@ -31,7 +31,7 @@ from datetime import timedelta
 from typing import Any
 
 from hpcdist._descriptors import limits_text, more_descriptors
-from hpcdist._ranklist import ranks_text
+from hpcdist._ranklist import MESSAGE_LIMIT, ranks_text
 from hpcdist.errors import DistNetworkError, DistTimeoutError
 
 __all__ = ["Liveness"]
@@ -72,7 +72,7 @@ class Liveness:
                         f"connections of {size - 1 - len(missing)} of {size - 1} ranks, at {limits_text()}"
                     ) from None
                 raise DistTimeoutError(
-                    f"init_process_group: rank(s) {ranks_text(missing, 200)} of this launcher-free world did not open their liveness "
+                    f"init_process_group: rank(s) {ranks_text(missing, MESSAGE_LIMIT)} of this launcher-free world did not open their liveness "
                     f"connection to rank 0 within {limit:g} s ({type(exc).__name__}: {exc}); they ended or hung "
                     "right after joining: see their output"
                 ) from None
