@@ -109,6 +109,7 @@ def _launcher(env: Mapping[str, str]) -> dict[str, Any]:
 
     out["srun"] = shutil.which("srun")
     out["slurm_allocation"] = env.get("SLURM_JOB_ID")
+    out["open_files"] = _open_files()
     if detect_launcher(env) is None:  # a launcher-free init_process_group would start MPI with these
         from hpcdist.rendezvous.mpi_env import choose, cpus, embedded_mpich
 
@@ -119,6 +120,26 @@ def _launcher(env: Mapping[str, str]) -> dict[str, Any]:
         else:
             out["launcher_free_mpi"] = " ".join(f"{k}={v}" for k, v in chosen.items()) or "none"
     return out
+
+
+def _open_files() -> str | None:
+    """This process's open-file limits, and the job size they bound: rank 0 holds about three connections per
+    rank (its store server's two, the liveness one), raising its soft limit as far as the hard one
+    (:mod:`hpcdist._descriptors`)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def shown(n: int) -> str:
+        return "unlimited" if n == resource.RLIM_INFINITY else str(n)
+
+    most = "no limit" if hard == resource.RLIM_INFINITY else f"about {hard // 3} ranks"
+    return (
+        f"soft {shown(soft)}, hard {shown(hard)}: rank 0 holds about 3 per rank and raises the soft limit as "
+        f"needed, up to the hard one ({most})"
+    )
 
 
 def _find_cuda_probe() -> Callable[..., Any] | None:

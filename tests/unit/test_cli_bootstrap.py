@@ -92,6 +92,28 @@ def test_info_report_and_secrets_hidden():
     assert report["gpu"]["why"]
 
 
+def test_info_reports_the_open_file_limits_and_the_job_size_they_bound():
+    """Run under limits set before the interpreter starts (soft 512, hard 3000): hpcdist info names both, and the
+    ~3 descriptors per rank that rank 0 needs make the hard limit good for about 1000 ranks."""
+    import resource
+    import subprocess
+    import sys
+
+    code = "from hpcdist.info import _launcher; print(_launcher({'RANK': '0'})['open_files'])"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (512, 3000)),
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (
+        "soft 512, hard 3000: rank 0 holds about 3 per rank and raises the soft limit as needed, up to the hard one "
+        "(about 1000 ranks)"
+    )
+
+
 def test_info_cli_json(capsys):
     assert cli.main(["info", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
