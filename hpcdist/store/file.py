@@ -6,7 +6,7 @@ queue pop, and the open/close of each user. Every handle replays the log
 incrementally into an in-memory :class:`~hpcdist.store._state.KVState`.
 Writers take an exclusive ``fcntl.flock``, catch up, append their records
 and release; readers take a shared lock. Blocking calls poll (0.5 ms
-growing to 10 ms).
+growing to 10 ms, as torch's; longer in large worlds: :func:`_poll_cap`).
 
 Life cycle (torch semantics): each ``FileStore(path, world_size)`` is a user
 that writes an *open* record; :meth:`FileStore.close` (or garbage collection,
@@ -255,14 +255,22 @@ class _FileLog:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 
 
+def _poll_cap(world_size: int) -> float:
+    """The longest pause between two polls of a blocking call: 10 ms (torch's), and 10 ms per 64 users in larger
+    worlds, up to 1 s. Each poll takes the file's lock and reads it; 4096 ranks waiting at a ``file://``
+    rendezvous polling every 10 ms were 400,000 lock requests a second to a shared file system."""
+    return min(1.0, _POLL_MAX * max(1.0, world_size / 64))
+
+
 def _poll(
     attempt: Callable[[], tuple[bool, T]],
     op: str,
     keys: list[str],
     timeout: float,
     missing: Callable[[], list[str]] | None = None,
+    cap: float = _POLL_MAX,
 ) -> T:
-    """Call ``attempt`` until it reports done, sleeping between tries.
+    """Call ``attempt`` until it reports done, sleeping between tries (0.5 ms, doubling up to ``cap``).
 
     After ``timeout`` s raise DistTimeoutError naming ``missing()`` (or ``keys``).
     """
@@ -276,7 +284,7 @@ def _poll(
         if left <= 0:
             raise timeout_error(op, (missing() if missing else None) or keys, timeout)
         time.sleep(min(delay, left))
-        delay = min(delay * 2, _POLL_MAX)
+        delay = min(delay * 2, cap)
 
 
 class FileStore(Store):
@@ -366,7 +374,7 @@ class FileStore(Store):
         def attempt() -> tuple[bool, None]:
             return self._log.read(lambda s: s.has_all(keys)), None
 
-        _poll(attempt, "wait", keys, timeout, self._missing(keys))
+        _poll(attempt, "wait", keys, timeout, self._missing(keys), _poll_cap(self._log.world_size))
 
     def _check(self, keys: list[str]) -> bool:
         return self._log.read(lambda s: s.has_all(keys))
@@ -389,7 +397,8 @@ class FileStore(Store):
 
             return self._log.read(look)
 
-        return _poll(attempt, "multi_get" if len(keys) > 1 else "get", keys, timeout, self._missing(keys))
+        op = "multi_get" if len(keys) > 1 else "get"
+        return _poll(attempt, op, keys, timeout, self._missing(keys), _poll_cap(self._log.world_size))
 
     def _missing(self, keys: list[str]) -> Callable[[], list[str]]:
         return lambda: self._log.read(lambda s: s.missing(keys))
@@ -418,7 +427,7 @@ class FileStore(Store):
             if not found:
                 raise QueueEmptyError(f"queue_pop: queue {key!r} is empty (block=False)")
             return value
-        return _poll(attempt, "queue_pop", [key], timeout)
+        return _poll(attempt, "queue_pop", [key], timeout, cap=_poll_cap(self._log.world_size))
 
     def _queue_len(self, key: str) -> int:
         return self._log.read(lambda s: s.queue_len(key))

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from hpcdist.errors import DistStoreError
+from hpcdist.errors import DistStoreError, DistTimeoutError
 from hpcdist.store import FileStore
 
 T10 = timedelta(seconds=10)
@@ -149,3 +149,29 @@ def test_several_processes_share_one_file(tmp_path):
         outs.append(out.strip())
     assert sorted(outs) == [f"from{r}" for r in range(n)]  # every item popped exactly once
     assert not os.path.exists(path)  # the last of the n users deleted it
+
+
+@pytest.mark.parametrize(("world_size", "cap"), [(-1, 0.01), (2, 0.01), (64, 0.01), (512, 0.08), (4096, 0.64)])
+def test_blocking_calls_poll_less_often_in_large_worlds(tmp_path, monkeypatch, world_size, cap):
+    """Each poll of a blocking call takes the file's lock and reads it: 10 ms apart at most (torch's) up to 64
+    users, 10 ms per 64 of them beyond (4096 ranks polling each 10 ms: 400,000 lock requests a second). The
+    pauses a real wait takes, recorded instead of slept, double from 0.5 ms up to the cap."""
+    import hpcdist.store.file as filestore
+
+    pauses: list[float] = []
+    clock = [0.0]
+
+    def sleep(seconds: float) -> None:  # no real sleeping: the clock moves by what was asked
+        pauses.append(seconds)
+        clock[0] += seconds
+
+    monkeypatch.setattr(filestore.time, "sleep", sleep)
+    monkeypatch.setattr(filestore.time, "monotonic", lambda: clock[0])
+    store = FileStore(str(tmp_path / "f"), world_size)
+    with pytest.raises(DistTimeoutError):
+        store.wait(["never"], timedelta(seconds=30))
+    assert pauses[:3] == [0.0005, 0.001, 0.002]
+    assert max(pauses) == pytest.approx(cap) and pauses[-2] == pytest.approx(cap)  # the last is cut at the deadline
+    assert sum(pauses) == pytest.approx(30)
+    monkeypatch.undo()
+    store.close()
