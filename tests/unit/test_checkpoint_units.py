@@ -273,8 +273,8 @@ def test_shard_refuses_non_integral_and_accepts_negative_dims():
 
 
 def test_rank0_waiting_for_result_files_stats_each_about_once(tmp_path):
-    """async_save's group rank 0 polls for one result file per rank. ``all(p.exists() ...)`` stated again, at every
-    poll, each file that had already arrived (up to one stat per rank per poll, 0.2 s apart, on a parallel file
+    """async_save's group rank 0 polls for one result file per rank. ``all(p.exists() ...)`` ran stat again, at
+    every poll, on each file that had already arrived (up to one stat per rank per poll, 0.2 s apart, on a parallel file
     system's metadata server); ``_all_exist`` stats the missing ones only, stopping at the first."""
     from hpcdist.checkpoint.asyncsave import _all_exist
 
