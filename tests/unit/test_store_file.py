@@ -156,17 +156,22 @@ def test_blocking_calls_poll_less_often_in_large_worlds(tmp_path, monkeypatch, w
     """Each poll of a blocking call takes the file's lock and reads it: 10 ms apart at most (torch's) up to 64
     users, 10 ms per 64 of them beyond (4096 ranks polling each 10 ms: 400,000 lock requests a second). The
     pauses a real wait takes, recorded instead of slept, double from 0.5 ms up to the cap."""
-    import hpcdist.store.file as filestore
+    import threading
+    import time
 
     pauses: list[float] = []
     clock = [0.0]
+    me = threading.get_ident()
+    real_sleep, real_monotonic = time.sleep, time.monotonic
 
-    def sleep(seconds: float) -> None:  # no real sleeping: the clock moves by what was asked
+    def sleep(seconds: float) -> None:  # no real sleeping here: the clock moves by what was asked
+        if threading.get_ident() != me:  # the time module is shared: other threads of the process sleep for real
+            return real_sleep(seconds)
         pauses.append(seconds)
         clock[0] += seconds
 
-    monkeypatch.setattr(filestore.time, "sleep", sleep)
-    monkeypatch.setattr(filestore.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "sleep", sleep)
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0] if threading.get_ident() == me else real_monotonic())
     store = FileStore(str(tmp_path / "f"), world_size)
     with pytest.raises(DistTimeoutError):
         store.wait(["never"], timedelta(seconds=30))
