@@ -4,10 +4,11 @@ A job's rank 0 holds a connection from each rank to its store server (two:
 the rank's store and its flight-recorder watcher) and, in a launcher-free
 world, one liveness connection each: about three descriptors per rank. The
 soft ``RLIMIT_NOFILE`` many systems start processes with is 1024, so a job
-of a few hundred ranks ran rank 0 out of descriptors. Where ``accept`` fails
-with ``EMFILE``, those servers call :func:`more_descriptors` and try again,
-as Go's runtime raises its soft limit to the hard one at start; only where
-the hard limit is reached do they report it, with :func:`limits_text`.
+of a few hundred ranks ran rank 0 out of descriptors. Those servers accept
+with :func:`accept`: where ``accept`` fails with ``EMFILE`` it raises the
+soft limit (:func:`more_descriptors`) and tries again, as Go's runtime raises
+its soft limit to the hard one at start; only where the hard limit is reached
+does the error reach the server, which reports it with :func:`limits_text`.
 
 ``resource`` is imported with this module, not when descriptors run out: by
 then importing it (opening its extension module) fails with ``EMFILE`` too.
@@ -15,14 +16,28 @@ then importing it (opening its extension module) fails with ``EMFILE`` too.
 
 from __future__ import annotations
 
+import errno
+import logging
+import socket
+from typing import Any
+
 try:
     import resource
 except ImportError:  # pragma: no cover - not POSIX
     resource = None  # type: ignore[assignment]
 
-__all__ = ["limits_text", "more_descriptors"]
+__all__ = ["UNLIMITED", "accept", "limits", "limits_text", "more_descriptors"]
+
+#: what :func:`limits` gives for no limit (``resource.RLIM_INFINITY``)
+UNLIMITED: int = -1 if resource is None else resource.RLIM_INFINITY
 
 _CAP = 1 << 20  # the kernel's default fs.nr_open: a soft limit above it is refused
+_log = logging.getLogger("hpcdist")
+
+
+def limits() -> tuple[int, int] | None:
+    """This process's (soft, hard) ``RLIMIT_NOFILE`` (:data:`UNLIMITED` for no limit); None off POSIX."""
+    return None if resource is None else resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
 def more_descriptors() -> tuple[int, int] | None:
@@ -31,25 +46,40 @@ def more_descriptors() -> tuple[int, int] | None:
     Returns ``(old, new)``, or None where the soft limit is already at the hard
     one (or the platform has no such limit, or the kernel refuses).
     """
-    if resource is None:  # pragma: no cover - not POSIX
+    now = limits()
+    if now is None:  # pragma: no cover - not POSIX
         return None
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    cap = _CAP if hard == resource.RLIM_INFINITY else min(hard, _CAP)
-    if soft == resource.RLIM_INFINITY or soft >= cap:
+    soft, hard = now
+    cap = _CAP if hard == UNLIMITED else min(hard, _CAP)
+    if soft == UNLIMITED or soft >= cap:
         return None
     new = min(cap, max(2 * soft, soft + 64))
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
     except (ValueError, OSError):
         return None
+    _log.info("hpcdist: raised the soft RLIMIT_NOFILE from %d to %d (hard limit %d)", soft, new, hard)
     return soft, new
+
+
+def accept(listener: socket.socket) -> tuple[socket.socket, Any]:
+    """``listener.accept()``. Where it fails for want of descriptors (``EMFILE``), the soft limit is raised
+    (:func:`more_descriptors`) and it is tried again; at the hard limit, as for any other error, the error is
+    raised."""
+    while True:
+        try:
+            return listener.accept()
+        except OSError as exc:
+            if exc.errno != errno.EMFILE or more_descriptors() is None:
+                raise
 
 
 def limits_text() -> str:
     """The open-file limits of this process, and what to do about them, for an error message."""
-    if resource is None:  # pragma: no cover - not POSIX
+    now = limits()
+    if now is None:  # pragma: no cover - not POSIX
         return "its open-file limit"
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft, hard = now
     return (
         f"its open-file limit (RLIMIT_NOFILE soft {soft}, hard {hard}): raise the hard limit where the job starts "
         "(`ulimit -n` in the job script, `LimitNOFILE` of the service, or limits.conf)"

@@ -131,7 +131,8 @@ def timed_members_barrier(comm: Any, members: list[int], timeout_s: float, what:
             _cancel(reqs)
             _give_up(
                 f"{what}: ranks {ranks_text(absent, MESSAGE_LIMIT)} of the {len(members)} members "
-                f"({ranks_text(members, MESSAGE_LIMIT)}) did not arrive within {timeout_s:g}s ({_rank_note(comm)}); {hint}"
+                f"({ranks_text(members, MESSAGE_LIMIT)}) did not arrive within {timeout_s:g}s "
+                f"({_rank_note(comm)}); {hint}"
             )
         token = np.zeros(1, dtype=np.int8)
         wait_or_raise(comm, [comm.Isend(token, m, tag) for m in others], timeout_s, what, hint)

@@ -535,8 +535,8 @@ def _agree(parent: ProcessGroup, shown: Any, limit: float, what: str) -> None:
     differ = [r for r, d in enumerate(digests.tolist()) if d != digests[0]]
     if differ:
         raise ValueError(
-            f"{what}: the ranks were given different groups to make: group rank(s) {ranks_text(differ, MESSAGE_LIMIT)} passed "
-            "other rank lists "
+            f"{what}: the ranks were given different groups to make: group rank(s) "
+            f"{ranks_text(differ, MESSAGE_LIMIT)} passed other rank lists "
             f"than group rank 0 (this rank, group rank {parent.rank()}, passed {shown!r:.200}); every rank "
             "must pass the same mesh / rank lists"
         )

@@ -126,16 +126,17 @@ def _open_files() -> str | None:
     """This process's open-file limits, and the job size they bound: rank 0 holds about three connections per
     rank (its store server's two, the liveness one), raising its soft limit as far as the hard one
     (:mod:`hpcdist._descriptors`)."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not POSIX
+    from hpcdist._descriptors import UNLIMITED, limits
+
+    now = limits()
+    if now is None:  # pragma: no cover - not POSIX
         return None
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft, hard = now
 
     def shown(n: int) -> str:
-        return "unlimited" if n == resource.RLIM_INFINITY else str(n)
+        return "unlimited" if n == UNLIMITED else str(n)
 
-    most = "no limit" if hard == resource.RLIM_INFINITY else f"about {hard // 3} ranks"
+    most = "no limit" if hard == UNLIMITED else f"about {hard // 3} ranks"
     return (
         f"soft {shown(soft)}, hard {shown(hard)}: rank 0 holds about 3 per rank and raises the soft limit as "
         f"needed, up to the hard one ({most})"

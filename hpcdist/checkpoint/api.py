@@ -100,7 +100,8 @@ def same_paths(paths: list[str]) -> None:
     others = [r for r, p in enumerate(paths) if p != paths[0]]
     if others:
         raise CheckpointError(
-            f"the ranks passed different paths: group rank(s) {ranks_text(others, MESSAGE_LIMIT)} passed {paths[others[0]]!r}, group "
+            f"the ranks passed different paths: group rank(s) {ranks_text(others, MESSAGE_LIMIT)} passed "
+            f"{paths[others[0]]!r}, group "
             f"rank 0 {paths[0]!r}; every rank must pass the same path (build it from a step all ranks share)"
         )
 

@@ -441,15 +441,20 @@ def _status_parent(opts: RunOptions, env: Mapping[str, str], cwd: str | None = N
     return where if _may_run_elsewhere(opts, env) and os.access(where, os.W_OK | os.X_OK) else None
 
 
+def _host_prefix() -> str:
+    """The records directories of this host's launches are named ``.hpcdist-run-HOST-PID-XXXXXXXX``."""
+    return f".hpcdist-run-{socket.gethostname()}-"
+
+
 def _status_prefix() -> str:
     """The name of this launch's records directory starts so: who made it, to find it again if it is left."""
-    return f".hpcdist-run-{socket.gethostname()}-{os.getpid()}-"
+    return f"{_host_prefix()}{os.getpid()}-"
 
 
 def _sweep_left_records(parent: str) -> None:
     """Remove records directories in ``parent`` that a ``hpcdist run`` of this host left when it was killed (no
     cleanup runs after a SIGKILL): those whose process is gone. Another host's, or a live one's, stay."""
-    mine = f".hpcdist-run-{socket.gethostname()}-"
+    mine = _host_prefix()
     with contextlib.suppress(OSError), os.scandir(parent) as entries:
         for entry in entries:
             # PID-RANDOM (tempfile's names have no "-"): not "2-PID-RANDOM" of a host named like this one + "-2"

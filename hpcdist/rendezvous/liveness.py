@@ -30,7 +30,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from hpcdist._descriptors import limits_text, more_descriptors
+from hpcdist._descriptors import accept, limits_text
 from hpcdist._ranklist import MESSAGE_LIMIT, ranks_text
 from hpcdist.errors import DistNetworkError, DistTimeoutError
 
@@ -58,7 +58,7 @@ class Liveness:
             store.set(key, f"{host}:{server.getsockname()[1]}")
             try:
                 for _ in range(size - 1):
-                    conn = _accept(server)
+                    conn = accept(server)[0]  # out of descriptors, it raises the soft limit first
                     conn.settimeout(limit)
                     (peer,) = _HELLO.unpack(_recv_exactly(conn, _HELLO.size))
                     conn.settimeout(None)
@@ -72,9 +72,9 @@ class Liveness:
                         f"connections of {size - 1 - len(missing)} of {size - 1} ranks, at {limits_text()}"
                     ) from None
                 raise DistTimeoutError(
-                    f"init_process_group: rank(s) {ranks_text(missing, MESSAGE_LIMIT)} of this launcher-free world did not open their liveness "
-                    f"connection to rank 0 within {limit:g} s ({type(exc).__name__}: {exc}); they ended or hung "
-                    "right after joining: see their output"
+                    f"init_process_group: rank(s) {ranks_text(missing, MESSAGE_LIMIT)} of this launcher-free world "
+                    f"did not open their liveness connection to rank 0 within {limit:g} s "
+                    f"({type(exc).__name__}: {exc}); they ended or hung right after joining: see their output"
                 ) from None
             finally:
                 server.close()
@@ -152,16 +152,6 @@ class Liveness:
             f"ended by os._exit); ending rank {self.rank} too, as a launcher would end the job\n",
             1,
         )
-
-
-def _accept(server: socket.socket) -> socket.socket:
-    """The next connection; out of descriptors (``EMFILE``), the soft limit is raised and accept tried again."""
-    while True:
-        try:
-            return server.accept()[0]
-        except OSError as exc:
-            if exc.errno != errno.EMFILE or more_descriptors() is None:
-                raise
 
 
 def _family(host: str) -> socket.AddressFamily:

@@ -16,7 +16,7 @@ drains them. Nothing received is ever unpickled or evaluated.
 Scale: one connection is one file descriptor, and a job's rank 0 serves every
 rank. When ``accept`` fails for want of descriptors (``EMFILE``), the server
 raises this process's soft limit towards the hard one
-(:mod:`hpcdist._descriptors`); only where the hard limit is reached does it
+(:func:`hpcdist._descriptors.accept`); only where the hard limit is reached does it
 pause accepting and say which limit to raise.
 """
 
@@ -34,7 +34,7 @@ import threading
 import time
 from collections import deque
 
-from .._descriptors import limits_text, more_descriptors
+from .._descriptors import accept, limits_text
 from . import _protocol as P
 from ._auth import NONCE_BYTES, client_proof, new_nonce, server_proof
 from ._state import KVState
@@ -210,19 +210,10 @@ class TCPServer(RequestHandlers):
     def _accept(self) -> None:
         while True:
             try:
-                sock, addr = self._listener.accept()
+                sock, addr = accept(self._listener)  # out of descriptors, it raises the soft limit first
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # e.g. EMFILE: keep serving the connections we have
-                if exc.errno == errno.EMFILE:
-                    raised = more_descriptors()
-                    if raised is not None:
-                        _log.info(
-                            "hpcdist store server: %d clients; raised the soft RLIMIT_NOFILE from %d to %d",
-                            len(self._conns),
-                            *raised,
-                        )
-                        continue
+            except OSError as exc:  # e.g. EMFILE at the hard limit: keep serving the connections we have
                 # The pending connection stays queued, so the listener stays readable: stop
                 # watching it for a moment instead of spinning on failed accepts.
                 now = time.monotonic()

@@ -55,6 +55,7 @@ class _FileLog:
     def __init__(self, path: str, world_size: int, member: bool) -> None:
         self.path = path
         self.world_size = world_size
+        self.poll_cap = _poll_cap(world_size)  # the longest pause between two polls of a blocking call
         self.member = member
         self.fd = -1
         self.offset = 0
@@ -374,7 +375,7 @@ class FileStore(Store):
         def attempt() -> tuple[bool, None]:
             return self._log.read(lambda s: s.has_all(keys)), None
 
-        _poll(attempt, "wait", keys, timeout, self._missing(keys), _poll_cap(self._log.world_size))
+        _poll(attempt, "wait", keys, timeout, self._missing(keys), self._log.poll_cap)
 
     def _check(self, keys: list[str]) -> bool:
         return self._log.read(lambda s: s.has_all(keys))
@@ -398,7 +399,7 @@ class FileStore(Store):
             return self._log.read(look)
 
         op = "multi_get" if len(keys) > 1 else "get"
-        return _poll(attempt, op, keys, timeout, self._missing(keys), _poll_cap(self._log.world_size))
+        return _poll(attempt, op, keys, timeout, self._missing(keys), self._log.poll_cap)
 
     def _missing(self, keys: list[str]) -> Callable[[], list[str]]:
         return lambda: self._log.read(lambda s: s.missing(keys))
@@ -427,7 +428,7 @@ class FileStore(Store):
             if not found:
                 raise QueueEmptyError(f"queue_pop: queue {key!r} is empty (block=False)")
             return value
-        return _poll(attempt, "queue_pop", [key], timeout, cap=_poll_cap(self._log.world_size))
+        return _poll(attempt, "queue_pop", [key], timeout, cap=self._log.poll_cap)
 
     def _queue_len(self, key: str) -> int:
         return self._log.read(lambda s: s.queue_len(key))
