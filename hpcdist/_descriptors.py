@@ -1,4 +1,4 @@
-"""File descriptors for servers that rank 0 runs for every rank (the TCP store, liveness).
+"""Sockets of the servers that rank 0 runs for every rank (the TCP store, liveness): descriptors, accept queue.
 
 A job's rank 0 holds a connection from each rank to its store server (two:
 the rank's store and its flight-recorder watcher) and, in a launcher-free
@@ -9,6 +9,11 @@ with :func:`accept`: where ``accept`` fails with ``EMFILE`` it raises the
 soft limit (:func:`more_descriptors`) and tries again, as Go's runtime raises
 its soft limit to the hard one at start; only where the hard limit is reached
 does the error reach the server, which reports it with :func:`limits_text`.
+
+Every rank connects to those servers at about the same moment, so they listen
+with a deep accept queue (:data:`LISTEN_BACKLOG`): with the usual 128, the
+connections past the 129th saw their SYN dropped and retried it one, three,
+seven seconds later.
 
 ``resource`` is imported with this module, not when descriptors run out: by
 then importing it (opening its extension module) fails with ``EMFILE`` too.
@@ -26,10 +31,13 @@ try:
 except ImportError:  # pragma: no cover - not POSIX
     resource = None  # type: ignore[assignment]
 
-__all__ = ["UNLIMITED", "accept", "limits", "limits_text", "more_descriptors"]
+__all__ = ["LISTEN_BACKLOG", "UNLIMITED", "accept", "limits", "limits_text", "more_descriptors"]
 
 #: what :func:`limits` gives for no limit (``resource.RLIM_INFINITY``)
 UNLIMITED: int = -1 if resource is None else resource.RLIM_INFINITY
+
+#: the accept queue of rank 0's servers (the kernel caps it at ``net.core.somaxconn``, 4096 by default since Linux 5.4)
+LISTEN_BACKLOG = 4096
 
 _CAP = 1 << 20  # the kernel's default fs.nr_open: a soft limit above it is refused
 _log = logging.getLogger("hpcdist")

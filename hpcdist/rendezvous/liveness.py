@@ -30,7 +30,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from hpcdist._descriptors import accept, limits_text
+from hpcdist._descriptors import LISTEN_BACKLOG, accept, limits_text
 from hpcdist._ranklist import MESSAGE_LIMIT, ranks_text
 from hpcdist.errors import DistNetworkError, DistTimeoutError
 
@@ -53,7 +53,7 @@ class Liveness:
         key = f"hpcdist/liveness/{epoch}"
         limit = timeout.total_seconds()
         if rank == 0:
-            server = socket.create_server((host, 0), family=_family(host))
+            server = socket.create_server((host, 0), family=_family(host), backlog=LISTEN_BACKLOG)
             server.settimeout(limit)
             store.set(key, f"{host}:{server.getsockname()[1]}")
             try:

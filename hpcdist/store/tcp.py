@@ -19,6 +19,7 @@ import warnings
 import weakref
 from datetime import timedelta
 
+from .._descriptors import LISTEN_BACKLOG
 from ..errors import DistNetworkError, DistStoreError, DistStoreTimeoutError, DistTimeoutError, QueueEmptyError
 from . import _protocol as P
 from ._auth import ENV_SECRET, ENV_SECRET_FILE, client_proof, new_nonce, resolve_secret, server_proof
@@ -28,7 +29,6 @@ from .base import DEFAULT_STORE_TIMEOUT, Store, check_bool, check_int, timeout_e
 __all__ = ["TCPStore"]
 
 _BIG = 1024 * 1024
-_LISTEN_BACKLOG = 4096
 _GUARD_EXTRA = 10.0  # seconds a client waits past a server-side deadline before giving up on the reply
 _warned_unauthenticated = False
 _warn_lock = threading.Lock()
@@ -55,7 +55,7 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(addr)
-        sock.listen(_LISTEN_BACKLOG)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:

@@ -130,3 +130,35 @@ def test_rank0_at_its_hard_open_file_limit_says_so():
     out = _rank0_with_few_descriptors(100, 32, same=True)
     assert out.startswith("DistNetworkError: init_process_group: rank 0 ran out of file descriptors"), out
     assert "of 100 ranks" in out and "hard" in out and "ulimit -n" in out
+
+
+class _ConnectingStore(HashStore):
+    """A HashStore whose rank 0, on posting its liveness address, has every other rank connect before it returns:
+    the connections wait in the accept queue, as when a whole job connects at once while rank 0 is busy."""
+
+    def __init__(self, ranks: int) -> None:
+        super().__init__()
+        self.ranks, self.conns = ranks, []
+
+    def set(self, key, value):
+        super().set(key, value)
+        if key == "hpcdist/liveness/1":
+            host, port = value.rsplit(":", 1)
+            for rank in range(1, self.ranks):
+                # the handshake completes only with room in the queue; a SYN past it is dropped until rank 0 accepts
+                conn = socket.create_connection((host, int(port)), timeout=5)
+                conn.sendall(struct.pack("!i", rank))
+                self.conns.append(conn)
+
+
+def test_rank0_queues_every_rank_that_connects_before_it_accepts():
+    # the listen backlog was Python's default 128: rank 129 onwards waited for SYN retries (1, 3, 7 s ...)
+    ranks = 300
+    store = _ConnectingStore(ranks)
+    try:
+        live = Liveness(store, 0, ranks, timedelta(seconds=20), "127.0.0.1")
+        assert sorted(live._peers.values()) == list(range(1, ranks))
+        live.leave()
+    finally:
+        for c in store.conns:
+            c.close()
