@@ -4,13 +4,15 @@ The suite is ``DistributedTest._DistTestBase`` from
 ``torch/testing/_internal/distributed/distributed_test.py``, driven by
 ``suite_spawn.py`` as torch's ``test_distributed_spawn.py`` drives it (fresh
 processes per test, ``file://`` rendezvous). Outcomes go, one JSON line per
-test as it finishes, to ``records/<backend>-<ranks>.jsonl``; an interrupted
-run resumes where it stopped.
+test as it finishes, to ``records/<backend>-<ranks>.jsonl`` (``<backend>.mpi-<ranks>.jsonl``
+under the ``mpi`` gating profile: see ``suite_spawn.py``); an interrupted run
+resumes where it stopped.
 
 Usage::
 
     python tests/torch_suite/run_suite.py run --backend gloo --ranks 2,3,4 [--limit S] [-k PATTERN]
     python tests/torch_suite/run_suite.py run --backend hpcdist --ranks 3 --only-passed-on gloo
+    python tests/torch_suite/run_suite.py run --backend hpcdist --profile mpi   # the tests torch asks of its MPI backend
     python tests/torch_suite/run_suite.py merge      # records/*.jsonl -> results.json
     python tests/torch_suite/run_suite.py summary    # counts and differences, Markdown
 
@@ -37,13 +39,17 @@ RECORDS = HERE / "records"
 RESULTS = HERE / "results.json"
 SUITE = HERE / "suite_spawn.py"
 BACKENDS = ("gloo", "hpcdist")
+PROFILES = ("gloo", "mpi")  # the backend name the suite decides which tests apply by (suite_spawn.py)
 
 
-def suite_env(backend: str, ranks: int, test_timeout: int, record: Path | None) -> dict[str, str]:
-    """The environment of one suite launch: backend, world size, limits, where outcomes go."""
+def suite_env(
+    backend: str, ranks: int, test_timeout: int, record: Path | None, profile: str = "gloo"
+) -> dict[str, str]:
+    """The environment of one suite launch: backend, gating profile, world size, limits, where outcomes go."""
     env = dict(os.environ)
     env.update(
         HPCDIST_SUITE_BACKEND=backend,
+        HPCDIST_SUITE_PROFILE=profile,
         WORLD_SIZE=str(ranks),
         DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(test_timeout),
         PYTHONUNBUFFERED="1",
@@ -92,10 +98,24 @@ def run_launch(cmd: list[str], env: dict[str, str], limit: float) -> int:
         return 124
 
 
+def record_name(backend: str, ranks: int, profile: str = "gloo") -> str:
+    """The record file of a backend at a rank count under a gating profile."""
+    return f"{backend}{'' if profile == 'gloo' else '.' + profile}-{ranks}.jsonl"
+
+
 def run(
-    backend: str, ranks: int, tests: list[str], *, limit: float, test_timeout: int, record: Path, retry: bool = False
+    backend: str,
+    ranks: int,
+    tests: list[str],
+    *,
+    limit: float,
+    test_timeout: int,
+    record: Path,
+    retry: bool = False,
+    profile: str = "gloo",
 ) -> dict[str, dict]:
-    """Run ``tests`` not yet in ``record`` (all of them again with ``retry``); return the record."""
+    """Run ``tests`` not yet in ``record`` (all of them again with ``retry``) under the gating ``profile``; return the
+    record."""
     record.parent.mkdir(parents=True, exist_ok=True)
     done = read_record(record)
     todo = [t for t in tests if retry or t not in done]
@@ -105,7 +125,7 @@ def run(
         print(f"== {backend} at {ranks} ranks: {len(todo)} tests to run", flush=True)
         offset = record.stat().st_size if record.exists() else 0
         ids = [f"{SUITE.relative_to(ROOT)}::TestDistBackendWithSpawn::{t}" for t in todo]
-        env = suite_env(backend, ranks, test_timeout, record)
+        env = suite_env(backend, ranks, test_timeout, record, profile)
         rc = run_launch(pytest_cmd(*ids), env, max(1.0, t_end - time.monotonic()))
         with open(record) if record.exists() else open(os.devnull) as f:
             f.seek(offset)
@@ -128,14 +148,15 @@ def run(
     return read_record(record)
 
 
-def merge() -> dict:
-    """Every record file into one results dict: backend -> ranks -> test -> outcome and reason."""
+def merge(records: Path = RECORDS) -> dict:
+    """Every record file in ``records`` into the results dict (backend -> ranks -> test -> outcome and reason): a
+    backend and rank count with a record replaces its entry in ``results.json``; the others are kept."""
     out: dict = {
         "suite": "torch/testing/_internal/distributed/distributed_test.py DistributedTest._DistTestBase",
         "torch": _torch_version(),
-        "results": {},
+        "results": json.loads(RESULTS.read_text())["results"] if RESULTS.exists() else {},
     }
-    for path in sorted(RECORDS.glob("*.jsonl")):
+    for path in sorted(records.glob("*.jsonl")):
         backend, ranks = path.stem.rsplit("-", 1)
         recs = read_record(path)
         out["results"].setdefault(backend, {})[ranks] = {
@@ -159,26 +180,29 @@ def counts(res: dict[str, dict]) -> tuple[int, int, int]:
 
 
 def summary(results: dict) -> str:
-    """Markdown: counts per backend and rank count, then each test gloo passes and hpcdist does not."""
+    """Markdown: counts per backend, profile and rank count, then, per profile, each test whose outcome differs
+    between gloo and hpcdist."""
     res = results["results"]
     lines = ["| ranks | backend | passed | failed | skipped | total |", "|---|---|---|---|---|---|"]
     ranks_all = sorted({r for b in res.values() for r in b}, key=int)
+    suffixes = ["" if p == "gloo" else "." + p for p in PROFILES]
     for r in ranks_all:
-        for b in BACKENDS:
+        for b in (b + sfx for sfx in suffixes for b in BACKENDS):
             if r in res.get(b, {}):
                 p, f, s = counts(res[b][r])
                 lines.append(f"| {r} | {b} | {p} | {f} | {s} | {p + f + s} |")
     lines.append("")
-    lines.append("| ranks | test | gloo | hpcdist | hpcdist's reason |")
+    lines.append("| ranks | test | gloo | hpcdist | hpcdist's reason (gloo's where hpcdist passes) |")
     lines.append("|---|---|---|---|---|")
-    for r in ranks_all:
-        g, h = res.get("gloo", {}).get(r, {}), res.get("hpcdist", {}).get(r, {})
-        for t in sorted(set(g) | set(h)):
-            go, ho = g.get(t, {}).get("outcome", "-"), h.get(t, {}).get("outcome", "-")
-            if go != ho and "-" not in (go, ho):  # a test one backend did not run is no difference
-                reason = h.get(t, {}).get("reason", "") if ho != "passed" else g.get(t, {}).get("reason", "")
-                reason = re.sub(r"\s+", " ", reason).replace("|", "\\|")[:200]
-                lines.append(f"| {r} | `{t}` | {go} | {ho} | {reason} |")
+    for sfx in suffixes:
+        for r in ranks_all:
+            g, h = res.get("gloo" + sfx, {}).get(r, {}), res.get("hpcdist" + sfx, {}).get(r, {})
+            for t in sorted(set(g) | set(h)):
+                go, ho = g.get(t, {}).get("outcome", "-"), h.get(t, {}).get("outcome", "-")
+                if go != ho and "-" not in (go, ho):  # a test one backend did not run is no difference
+                    reason = h.get(t, {}).get("reason", "") if ho != "passed" else g.get(t, {}).get("reason", "")
+                    reason = re.sub(r"\s+", " ", reason).replace("|", "\\|")[:200]
+                    lines.append(f"| {r}{sfx} | `{t}` | {go} | {ho} | {reason} |")
     return "\n".join(lines)
 
 
@@ -187,6 +211,13 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--backend", choices=BACKENDS, required=True)
+    r.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default="gloo",
+        help="the backend name the suite decides which tests apply by: gloo's tests, or those torch asks of its MPI "
+        "backend",
+    )
     r.add_argument("--ranks", default="2,3,4")
     r.add_argument("-k", dest="pattern", default=None, help="pytest -k expression selecting tests")
     r.add_argument("--tests", default=None, help="file with one test name per line")
@@ -201,11 +232,12 @@ def main() -> int:
     r.add_argument("--retry", action="store_true", help="run tests already recorded again")
     r.add_argument("--failed", action="store_true", help="run again only the tests recorded as failed")
     r.add_argument("--record-dir", default=str(RECORDS))
-    sub.add_parser("merge")
+    m = sub.add_parser("merge")
+    m.add_argument("--record-dir", default=str(RECORDS))
     sub.add_parser("summary")
     args = ap.parse_args()
     if args.cmd == "merge":
-        RESULTS.write_text(json.dumps(merge(), indent=1, sort_keys=True) + "\n")
+        RESULTS.write_text(json.dumps(merge(Path(args.record_dir)), indent=1, sort_keys=True) + "\n")
         print(f"wrote {RESULTS}")
         return 0
     if args.cmd == "summary":
@@ -216,9 +248,9 @@ def main() -> int:
     for n in (int(x) for x in args.ranks.split(",") if x):
         sel = tests
         if args.only_passed_on:
-            ref = read_record(Path(args.record_dir) / f"{args.only_passed_on}-{n}.jsonl")
+            ref = read_record(Path(args.record_dir) / record_name(args.only_passed_on, n, args.profile))
             sel = [t for t in tests if ref.get(t, {}).get("outcome") == "passed"]
-        record = Path(args.record_dir) / f"{args.backend}-{n}.jsonl"
+        record = Path(args.record_dir) / record_name(args.backend, n, args.profile)
         if args.failed:
             old = read_record(record)
             sel = [t for t in sel if old.get(t, {}).get("outcome") == "failed"]
@@ -230,6 +262,7 @@ def main() -> int:
             test_timeout=args.test_timeout,
             record=record,
             retry=args.retry or args.failed,
+            profile=args.profile,
         )
         mine = {t: rec[t] for t in sel if t in rec}
         p, f, s = counts(mine)

@@ -12,16 +12,22 @@ Environment (set by ``run_suite.py``):
   made with, ``gloo`` or ``hpcdist`` (importing ``hpcdist.torch`` registers it,
   in the parent and in every spawned rank, because each imports this module).
 - ``WORLD_SIZE``: ranks per test.
+- ``HPCDIST_SUITE_PROFILE``: the *gating profile*, ``gloo`` (the default) or
+  ``mpi``: the backend name the suite's decorators and run-time skips see.
 
-The suite decides at import which tests apply to a backend by its name: it
+The suite decides which tests apply to a backend by its name, at import (it
 skips DDP tests for backends outside ``backend_feature["ddp"]``, runs the
-timeout and sparse tests only for a backend named ``gloo``, and so on. Here the
-decorators are evaluated with ``BACKEND=gloo`` for both backends, so hpcdist
-is asked to pass exactly the tests gloo is asked to pass (the same set, the
-same skips); after the import the module's ``BACKEND`` is switched to the
-backend under test, which is the name every ``init_process_group`` and
+timeout and sparse tests only for a backend named ``gloo``, the CPU
+``all_to_all`` tests only for one named ``mpi``, and so on) and at run time
+(``skip_if_small_worldsize`` reads ``os.environ["BACKEND"]``). Here both
+see the profile: with ``gloo``, hpcdist is asked to pass exactly the tests
+gloo is asked to pass (the same set, the same skips); with ``mpi``, the tests
+torch holds its own MPI backend to (``ProcessGroupMPI``, which torch's CPU
+wheels do not build). After the import the module's ``BACKEND`` is switched
+to the backend under test, which is the name every ``init_process_group`` and
 ``new_group`` call of the suite passes and what ``get_backend`` is checked
-against (see ``_CpuBackendName`` for the test bodies that branch on "gloo").
+against (see ``_CpuBackendName`` for the test bodies that branch on the
+profile's name).
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from __future__ import annotations
 import os
 
 BACKEND = os.environ.get("HPCDIST_SUITE_BACKEND", "gloo")
-os.environ["BACKEND"] = "gloo"  # the gating profile: see the module docstring
+PROFILE = os.environ.get("HPCDIST_SUITE_PROFILE", "gloo")  # the gating profile: see the module docstring
+os.environ["BACKEND"] = PROFILE
 os.environ.setdefault("WORLD_SIZE", "2")
 
 import torch  # noqa: E402
@@ -41,19 +48,19 @@ from torch.testing._internal.distributed import distributed_test as _dt  # noqa:
 
 
 class _CpuBackendName(str):
-    """The name of the backend under test, which the suite's test bodies also take for ``"gloo"``.
+    """The name of the backend under test, which the suite's test bodies also take for the profile's (``"gloo"``).
 
     A few test bodies pick their model by the backend's name
     (``if BACKEND == "mpi" or BACKEND == "gloo":`` builds the CPU model of
     ``_test_accumulate_gradients_no_sync``); a backend the suite does not know
-    would take none of the branches. Equal to ``"gloo"`` as well as to itself,
+    would take none of the branches. Equal to the profile's name as well as to itself,
     it is in every other way the plain name: ``BACKEND.lower()`` and
     ``dist.Backend(BACKEND)`` give ``"hpcdist"``, the name every process group
     is made with and ``get_backend`` is checked against.
     """
 
     def __eq__(self, other: object) -> bool:
-        return str.__eq__(self, other) is True or other == "gloo"
+        return str.__eq__(self, other) is True or other == PROFILE
 
     def __ne__(self, other: object) -> bool:
         return not self.__eq__(other)
@@ -63,9 +70,8 @@ class _CpuBackendName(str):
 
 if BACKEND != "gloo":
     import hpcdist.torch  # noqa: F401  registers the backend "hpcdist" with torch.distributed
-
+if BACKEND != PROFILE:
     _dt.BACKEND = _CpuBackendName(BACKEND)
-    os.environ["BACKEND"] = BACKEND
 assert dist.is_available()
 
 

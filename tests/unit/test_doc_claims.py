@@ -22,6 +22,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 NOT_CONFIG_KNOBS = {
     "HPCDIST_TORCH_AUTOLOAD": "hpcdist/_torch_autoload.py",  # read at `import torch`, before hpcdist is imported
     "HPCDIST_SUITE_START": "tests/torch_suite/suite_spawn.py",  # the torch suite's test harness
+    "HPCDIST_SUITE_PROFILE": "tests/torch_suite/suite_spawn.py",  # the torch suite's gating profile
     "HPCDIST_TEST_CUDA_AWARE": "tests/gpu/conftest.py",  # the GPU tests' harness
     "HPCDIST_TEST_DEADLINE": "tests/mpi_pytest.py",  # the MPI tests' harness: a hung test names itself
     "HPCDIST_CLUSTER_ROOT_PID": "scripts/cluster-ssh",  # the simulated cluster's ssh for MPI launchers
