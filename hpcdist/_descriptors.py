@@ -1,4 +1,5 @@
-"""Sockets of the servers that rank 0 runs for every rank (the TCP store, liveness): descriptors, accept queue.
+"""Sockets of the servers that rank 0 runs for every rank (the TCP store, liveness): descriptors, accept queue,
+keepalive.
 
 A job's rank 0 holds a connection from each rank to its store server (two:
 the rank's store and its flight-recorder watcher) and, in a launcher-free
@@ -14,6 +15,13 @@ Every rank connects to those servers at about the same moment, so they listen
 with a deep accept queue (:data:`LISTEN_BACKLOG`): with the usual 128, the
 connections past the 129th saw their SYN dropped and retried it one, three,
 seven seconds later.
+
+Those connections live as long as the job, idle for hours or days, so they
+have the kernel probe an idle peer (:func:`keepalive`, ``HPCDIST_KEEPALIVE``):
+a host that died or was cut off sends no FIN, and without probes its
+connections looked open for good; and stateful firewalls and NAT tables
+(conntrack keeps an idle connection 5 days by default, cloud NATs minutes)
+drop the entry of a connection idle past their limit.
 
 ``resource`` is imported with this module, not when descriptors run out: by
 then importing it (opening its extension module) fails with ``EMFILE`` too.
@@ -31,7 +39,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX
     resource = None  # type: ignore[assignment]
 
-__all__ = ["LISTEN_BACKLOG", "UNLIMITED", "accept", "limits", "limits_text", "more_descriptors"]
+__all__ = ["LISTEN_BACKLOG", "UNLIMITED", "accept", "keepalive", "limits", "limits_text", "more_descriptors"]
 
 #: what :func:`limits` gives for no limit (``resource.RLIM_INFINITY``)
 UNLIMITED: int = -1 if resource is None else resource.RLIM_INFINITY
@@ -92,3 +100,16 @@ def limits_text() -> str:
         f"its open-file limit (RLIMIT_NOFILE soft {soft}, hard {hard}): raise the hard limit where the job starts "
         "(`ulimit -n` in the job script, `LimitNOFILE` of the service, or limits.conf)"
     )
+
+
+def keepalive(sock: socket.socket, seconds: int) -> None:
+    """Have the kernel probe ``sock``'s peer after ``seconds / 2`` idle, and end the connection when three probes in
+    the other half go unanswered (the next call on it fails with ``ETIMEDOUT``); ``seconds`` 0: the OS's default,
+    no probes (``HPCDIST_KEEPALIVE``). OSError if the socket is closed."""
+    if seconds <= 0:
+        return
+    idle = max(1, seconds // 2)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", max(1, (seconds - idle) // 3)), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):  # Linux; macOS names the first TCP_KEEPALIVE
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)

@@ -67,6 +67,11 @@ Knobs are read when asked for (never at import time), so a program may set
                                  reports a rank killed by a signal or leaving
                                  through ``os._exit``; ``0``: the rank is the
                                  launcher's own process
+``HPCDIST_KEEPALIVE``            seconds after which the peer of an idle
+                                 store or liveness connection that answers
+                                 no TCP keepalive probe is taken for dead
+                                 (default 120; ``0``: the OS default, no
+                                 probes)
 ``HPCDIST_MPI_TUNE``             ``1`` (default): a launcher-free world, and
                                  ``hpcdist run`` with every rank on this host,
                                  start the embedded MPICH with the settings
@@ -96,6 +101,7 @@ __all__ = [
     "flight_recorder_size",
     "hierarchical_algorithm",
     "hierarchical_min_bytes",
+    "keepalive_seconds",
     "nccl_watchdog_enabled",
     "object_unpickler",
     "parse_number",
@@ -133,6 +139,8 @@ KNOBS: dict[str, str] = {
     "HPCDIST_SHM_SLOT": "bytes per rank and pipeline stage of the shared-memory segment (1048576)",
     "HPCDIST_RUN_WARDEN": "1 (default): under hpcdist run a parent process per rank reports a rank killed by a "
     "signal or leaving through os._exit; 0: off",
+    "HPCDIST_KEEPALIVE": "seconds after which the peer of an idle store or liveness connection that answers no TCP "
+    "keepalive probe is taken for dead (120; 0: no probes)",
     "HPCDIST_MPI_TUNE": "1 (default): launcher-free worlds, and hpcdist run with every rank on this host, start "
     "the embedded MPICH with UCX_MEM_EVENTS=no and, "
     "on an oversubscribed host, MPIR_CVAR_ENABLE_HEAVY_YIELD=1, where unset; 0: set nothing",
@@ -378,6 +386,12 @@ def shm_slot_bytes() -> int:
     return value
 
 
+def keepalive_seconds() -> int:
+    """Seconds after which an idle TCP peer of hpcdist's own connections (store, liveness) that answers no keepalive
+    probe is taken for dead (``HPCDIST_KEEPALIVE``; 0: no probes): :func:`hpcdist._descriptors.keepalive`."""
+    return _int_env("HPCDIST_KEEPALIVE", 120, 0, "a number of seconds")
+
+
 def _mpi_tune() -> bool:
     return bool(env_flag("HPCDIST_MPI_TUNE", True))
 
@@ -413,6 +427,7 @@ READERS: dict[str, Any] = {
     "HPCDIST_SHM_DIRECT": shm_direct,
     "HPCDIST_SHM_SLOT": shm_slot_bytes,
     "HPCDIST_MPI_TUNE": _mpi_tune,
+    "HPCDIST_KEEPALIVE": keepalive_seconds,
     "HPCDIST_RUN_WARDEN": run_warden,
     "HPCDIST_STORE_SECRET_FILE": _store_secret,
 }

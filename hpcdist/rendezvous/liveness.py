@@ -13,10 +13,15 @@ connection per rank to rank 0, set up at init through the rendezvous store:
   crashed: rank 0 tells every other rank which one, and each process prints
   ``hpcdist: rank K ... died`` and ends itself (``MPI_Abort``), as a launcher
   would end the job. When rank 0 itself dies, the others see their
-  connection close and end likewise, naming rank 0.
+  connection close and end likewise, naming rank 0;
+* a host that dies, hangs or is cut off closes nothing: the kernel probes
+  idle connections (TCP keepalive, ``HPCDIST_KEEPALIVE`` seconds, default
+  120) and ends one whose peer answers none of the probes; that counts as
+  the peer's death, named as such. (The probes also keep a firewall's or
+  NAT's entry of the connection from expiring over a long job.)
 
-Nothing is sent while everyone is alive; the cost is one idle socket per
-rank and one daemon thread per process.
+Nothing but the kernel's probes is sent while everyone is alive; the cost is
+one idle socket per rank and one daemon thread per process.
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from hpcdist._descriptors import LISTEN_BACKLOG, accept, limits_text
+from hpcdist._descriptors import LISTEN_BACKLOG, accept, keepalive, limits_text
 from hpcdist._ranklist import MESSAGE_LIMIT, ranks_text
+from hpcdist.config import keepalive_seconds
 from hpcdist.errors import DistNetworkError, DistTimeoutError
 
 __all__ = ["Liveness"]
@@ -49,6 +55,7 @@ class Liveness:
         self._leaving = False
         self._lock = threading.Lock()
         self._peers: dict[socket.socket, int] = {}
+        self._keepalive = keepalive_seconds()
         epoch = store.add(f"hpcdist/liveness/epoch/{rank}", 1)  # the n-th init of every rank meets the n-th key
         key = f"hpcdist/liveness/{epoch}"
         limit = timeout.total_seconds()
@@ -59,6 +66,7 @@ class Liveness:
             try:
                 for _ in range(size - 1):
                     conn = accept(server)[0]  # out of descriptors, it raises the soft limit first
+                    keepalive(conn, self._keepalive)
                     conn.settimeout(limit)
                     (peer,) = _HELLO.unpack(_recv_exactly(conn, _HELLO.size))
                     conn.settimeout(None)
@@ -83,6 +91,7 @@ class Liveness:
             addr, port = store.get(key).decode().rsplit(":", 1)
             try:
                 conn = socket.create_connection((addr, int(port)), timeout=limit)
+                keepalive(conn, self._keepalive)
                 conn.sendall(_HELLO.pack(rank))
             except OSError as exc:
                 raise DistNetworkError(
@@ -122,10 +131,11 @@ class Liveness:
             for key, _ in sel.select():
                 conn: Any = key.fileobj
                 peer = self._peers[conn]
+                silent = False
                 try:
                     data = conn.recv(1)
-                except OSError:
-                    data = b""
+                except OSError as exc:
+                    data, silent = b"", exc.errno == errno.ETIMEDOUT
                 if data == _DEAD:
                     dead = _HELLO.unpack(_recv_exactly(conn, _HELLO.size))[0]
                     self._died(dead, f"rank 0 reports that rank {dead} closed its connection without leaving")
@@ -133,8 +143,18 @@ class Liveness:
                     sel.unregister(conn)
                     del self._peers[conn]
                     conn.close()
-                else:  # EOF without a goodbye: killed or crashed
-                    self._died(peer, f"its connection to rank {self.rank} closed without a goodbye")
+                elif silent:  # no FIN, and no answer to the keepalive probes
+                    self._died(
+                        peer,
+                        f"its host answered none of the keepalive probes on its connection to rank {self.rank} for "
+                        f"about {self._keepalive} s (HPCDIST_KEEPALIVE): the host is down, hung or cut off from the network",
+                    )
+                else:  # EOF without a goodbye
+                    self._died(
+                        peer,
+                        f"its connection to rank {self.rank} closed without a goodbye: killed, crashed or ended by "
+                        "os._exit",
+                    )
 
     def _died(self, dead: int, how: str) -> None:
         if self._leaving:
@@ -148,8 +168,8 @@ class Liveness:
         from hpcdist._watchdog import abort_job
 
         abort_job(
-            f"hpcdist: rank {dead} of this launcher-free world of {self.size} died ({how}: killed, crashed or "
-            f"ended by os._exit); ending rank {self.rank} too, as a launcher would end the job\n",
+            f"hpcdist: rank {dead} of this launcher-free world of {self.size} died ({how}); ending rank "
+            f"{self.rank} too, as a launcher would end the job\n",
             1,
         )
 

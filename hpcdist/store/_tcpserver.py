@@ -34,7 +34,7 @@ import threading
 import time
 from collections import deque
 
-from .._descriptors import accept, limits_text
+from .._descriptors import accept, keepalive, limits_text
 from . import _protocol as P
 from ._auth import NONCE_BYTES, client_proof, new_nonce, server_proof
 from ._state import KVState
@@ -103,8 +103,9 @@ class TCPServer(RequestHandlers):
     """Serve the store protocol on an already bound, listening socket.
 
     ``secret`` None means no authentication (the caller decides when that is
-    acceptable). :meth:`start` runs the loop in a daemon thread; :meth:`stop`
-    ends it and closes every socket.
+    acceptable); ``keepalive_s``: the keepalive of accepted connections
+    (:func:`hpcdist._descriptors.keepalive`). :meth:`start` runs the loop in a
+    daemon thread; :meth:`stop` ends it and closes every socket.
     """
 
     def __init__(
@@ -113,8 +114,10 @@ class TCPServer(RequestHandlers):
         secret: bytes | None,
         max_frame: int = P.DEFAULT_MAX_FRAME,
         auth_timeout: float = 30.0,
+        keepalive_s: int = 0,
     ) -> None:
         self._listener = listener
+        self._keepalive_s = keepalive_s
         self._secret = secret
         self._max_frame = max_frame
         self._auth_timeout = auth_timeout
@@ -230,6 +233,7 @@ class TCPServer(RequestHandlers):
             sock.setblocking(False)
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                keepalive(sock, self._keepalive_s)  # a client's host gone silent: its connection ends, its waits too
             conn = _Conn(sock, f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr))
             self._conns.add(conn)
             self._sel.register(sock, selectors.EVENT_READ, conn)

@@ -19,7 +19,8 @@ import warnings
 import weakref
 from datetime import timedelta
 
-from .._descriptors import LISTEN_BACKLOG
+from .._descriptors import LISTEN_BACKLOG, keepalive
+from ..config import keepalive_seconds
 from ..errors import DistNetworkError, DistStoreError, DistStoreTimeoutError, DistTimeoutError, QueueEmptyError
 from . import _protocol as P
 from ._auth import ENV_SECRET, ENV_SECRET_FILE, client_proof, new_nonce, resolve_secret, server_proof
@@ -111,7 +112,7 @@ class _ServerHandle:
             bound = sock.getsockname()
             if secret is None and not _is_loopback(bound[0]):
                 _warn_unauthenticated(host, bound[1])
-            server = TCPServer(sock, secret, max_frame)
+            server = TCPServer(sock, secret, max_frame, keepalive_s=keepalive_seconds())
             server.start()
             key = (host, bound[1]) if multi_tenant else None
             handle = cls(server, key, secret)
@@ -299,6 +300,7 @@ class TCPStore(Store):
             raise ValueError(f"max_frame_bytes must be in 4096..{P.MAX_FRAME_LIMIT}, got {mf}")
         if master_listen_fd is not None:
             master_listen_fd = check_int(master_listen_fd, "master_listen_fd")
+        self._keepalive = keepalive_seconds()  # a bad HPCDIST_KEEPALIVE is a ValueError naming it, before connecting
         self._host = host_name
         self._port = port
         self._is_master = bool(is_master)
@@ -357,7 +359,7 @@ class TCPStore(Store):
         other = TCPStore.__new__(TCPStore)
         Store.__init__(other, self.timeout if timeout is None else timeout)
         other._host, other._port, other._is_master = self._host, self._port, False
-        other._max_frame, other._secret = self._max_frame, self._secret
+        other._max_frame, other._secret, other._keepalive = self._max_frame, self._secret, self._keepalive
         other._lock = threading.Lock()
         other._link = _Link(None)
         other._finalizer = weakref.finalize(other, _Link.close, other._link)
@@ -405,6 +407,7 @@ class TCPStore(Store):
                 continue
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                keepalive(sock, self._keepalive)
                 chan = _Channel(sock, self._max_frame)
                 chan.settimeout(max(0.05, min(deadline - time.monotonic(), 30.0)))
                 self._handshake(chan)

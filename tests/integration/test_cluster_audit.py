@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -450,6 +453,9 @@ elif MODE == "die":
         rep["after"] = f"{type(e).__name__} after {time.monotonic() - t0:.1f}s"
     print("REPORT " + json.dumps(rep), flush=True)
     os._exit(0)
+elif MODE == "idle":
+    print("READY", flush=True)
+    time.sleep(3600)                   # only the liveness watcher can end this rank
 topo = dist.group.WORLD.engine("cpu")._topo
 rep["topo_sizes"] = None if topo is None else topo.sizes
 dist.destroy_process_group()
@@ -545,6 +551,43 @@ def test_a_rank_that_dies_mid_collective_ends_the_job(cluster, tmp_path):
     for r in reports:  # a survivor that reported: the collective raised, it did not complete
         assert not r["after"].startswith("completed"), r
     assert len(failures) + len(reports) >= len(placement), (reports, failures)
+
+
+def test_a_host_cut_off_from_the_network_ends_the_job(cluster, tmp_path):
+    """GUARD: node2 cut off from the switch (its port down: no FIN, no RST reaches anyone) while the job idles after
+    init: the kernel's keepalive probes on the liveness connections (``HPCDIST_KEEPALIVE=4``) end both ranks, rank
+    0's message naming rank 1's silent host. Without the probes both idled until the job limit killed them."""
+    name, nodes = cluster
+    if nodes != 2:
+        pytest.skip("two nodes are enough")
+    out: list[tuple[list[dict], list[str]]] = []
+    job = threading.Thread(
+        target=lambda: out.append(
+            launch(name, ["node1", "node2"], tmp_path, mode="idle", extra={"HPCDIST_KEEPALIVE": "4"}, allow_fail=True)
+        )
+    )
+    port = ["ip", "-n", f"{name}-sw", "link", "set", "port2"]
+    job.start()
+    try:
+        deadline = time.monotonic() + JOB_LIMIT
+        while not all("READY" in _read(tmp_path / f"rank{r}.out") for r in (0, 1)):
+            assert job.is_alive() and time.monotonic() < deadline, [_read(tmp_path / f"rank{r}.out") for r in (0, 1)]
+            time.sleep(0.2)
+        subprocess.run([*port, "down"], check=True, timeout=30)
+        job.join(JOB_LIMIT + 30)
+        assert not job.is_alive()
+    finally:
+        subprocess.run([*port, "up"], check=False, timeout=30)  # the other tests of the module share the cluster
+        job.join(JOB_LIMIT + 30)
+    _, failures = out[0]
+    assert all("rc=None" not in f for f in failures), failures  # none idled until the job limit killed it
+    rank0 = next(f for f in failures if f.startswith("rank 0 "))
+    assert "rank 1 of this launcher-free world of 2 died (its host answered none of the keepalive probes" in rank0
+    assert any(f.startswith("rank 1 ") for f in failures), failures
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 def test_equal_host_names_with_own_dev_shm_are_two_nodes(cluster, tmp_path):

@@ -442,6 +442,7 @@ def test_hierarchical_algorithm_knob(monkeypatch):
         ),
         ("HPCDIST_HIER_MIN_BYTES", "hierarchical_min_bytes", "0", 0, "1k", "a number of bytes >= 0, got '1k'"),
         ("HPCDIST_SHM_SLOT", "shm_slot_bytes", "128", 128, "32", "a number of bytes >= 64, got '32'"),
+        ("HPCDIST_KEEPALIVE", "keepalive_seconds", "0", 0, "-5", "a number of seconds >= 0, got '-5'"),
     ],
 )
 def test_numeric_knobs_share_one_parser(monkeypatch, name, fn, good, want, bad, message):

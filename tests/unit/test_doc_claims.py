@@ -89,6 +89,7 @@ def test_readme_knob_defaults_are_configs(clean_env):
         "HPCDIST_NCCL_WATCHDOG": ("`1` (default)", config.nccl_watchdog_enabled(), True),
         "HPCDIST_MPI_TUNE": ("`1` (default)", config._mpi_tune(), True),
         "HPCDIST_RUN_WARDEN": ("`1` (default)", config.run_warden(), True),
+        "HPCDIST_KEEPALIVE": ("(120;", config.keepalive_seconds(), 120),
         "HPCDIST_SHM": ("`auto` (default)", config.shm_mode(), "auto"),
         "HPCDIST_SHM_SLOT": ("(1 MiB)", config.shm_slot_bytes(), 1 << 20),
         "HPCDIST_SHM_DIRECT": ("`0` (default)", config.shm_direct(), False),

@@ -162,3 +162,47 @@ def test_rank0_queues_every_rank_that_connects_before_it_accepts():
     finally:
         for c in store.conns:
             c.close()
+
+
+def _keepalive_of(sock: socket.socket) -> tuple[int, int, int, int]:
+    return (
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+    )
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_KEEPIDLE"), reason="TCP_KEEPIDLE is Linux's")
+@pytest.mark.parametrize(("knob", "want"), [(None, (1, 60, 20, 3)), ("9", (1, 4, 1, 3)), ("0", None)])
+def test_liveness_and_store_connections_probe_an_idle_peer(monkeypatch, knob, want):
+    """Both ends of a liveness connection and of store connections (a clone's too) have the kernel probe the peer (a
+    host that died sends no FIN); HPCDIST_KEEPALIVE=0 leaves the OS default (no probes)."""
+    from hpcdist.store import TCPStore
+
+    if knob is None:
+        monkeypatch.delenv("HPCDIST_KEEPALIVE", raising=False)
+    else:
+        monkeypatch.setenv("HPCDIST_KEEPALIVE", knob)
+    off = socket.socket()
+    default = _keepalive_of(off)  # what the OS gives a new socket
+    off.close()
+    store = HashStore()
+    peers: list[Liveness] = []
+    t = threading.Thread(target=lambda: peers.append(Liveness(store, 1, 2, timedelta(seconds=10), "127.0.0.1")))
+    t.start()
+    rank0 = Liveness(store, 0, 2, timedelta(seconds=10), "127.0.0.1")
+    t.join(10)
+    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    clone = master.clone()  # the flight recorder's watcher connects so
+    try:
+        socks = [*rank0._peers, *peers[0]._peers, master._link.chan.sock, clone._link.chan.sock]
+        socks += [c.sock for c in master._link.handle.server._conns]  # the server's ends
+        assert len(socks) == 6
+        for sock in socks:
+            assert _keepalive_of(sock) == (want or default), sock
+    finally:
+        clone.close()
+        master.close()
+        rank0.leave()
+        peers[0].leave()
