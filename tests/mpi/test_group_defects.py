@@ -125,7 +125,10 @@ def test_new_group_given_different_ranks_raises_on_every_rank():
     if n() < 2:
         pytest.skip("needs 2 ranks")
     ranks = list(range(n())) if me() == 0 else [0]
-    with pytest.raises(ValueError, match=r"new_group: the ranks were given different groups to make"):
+    others = {2: "1", 3: "1, 2", 4: "1-3"}.get(n(), f"1-{n() - 1}")  # every group rank but 0 differs from group rank 0
+    with pytest.raises(
+        ValueError, match=rf"new_group: the ranks were given different groups to make: group rank\(s\) {others} passed "
+    ):
         dist.new_group(ranks)
     # unsorted lists that sort to the same group agree, as in torch; with sort_ranks=False the order must agree
     g = dist.new_group(list(range(n())) if me() == 0 else list(range(n() - 1, -1, -1)))

@@ -130,8 +130,12 @@ def test_bfloat16_rounding_matches_torch():
     assert np.array_equal(
         bf16_bits_to_f32(want), torch.from_numpy(want.view(np.int16)).view(torch.bfloat16).float().numpy()
     )
-    nan = f32_to_bf16_bits(np.array([np.nan], dtype=np.float32))
-    assert np.isnan(bf16_bits_to_f32(nan))[0]
+    # NaNs stay NaNs, those whose payload lies only in the 16 bits that rounding drops too (it made them infinities
+    # unless quieted): signalling, negative, and the canonical quiet one
+    bits = np.array([0x7FC00000, 0x7F800001, 0xFF800001, 0x7F80FFFF, 0x7FFFFFFF], dtype=np.uint32)
+    nan = f32_to_bf16_bits(bits.view(np.float32))
+    assert np.isnan(bf16_bits_to_f32(nan)).all(), [hex(b) for b in nan]
+    assert torch.isnan(torch.from_numpy(bits.view(np.float32)).to(torch.bfloat16)).all()  # as torch's conversion
     wide = bf16_bits_to_f32(want[3:4].reshape(()))  # 0-d: an array to reduce into (it was a read-only scalar)
     assert isinstance(wide, np.ndarray) and wide.shape == () and wide.flags.writeable
     assert wide == torch.from_numpy(want[3:4].view(np.int16)).view(torch.bfloat16).float().numpy()[0]
