@@ -103,3 +103,24 @@ def test_batch_isend_irecv_with_this_rank_as_peer(group, members, kind):
     assert np.array_equal(to_np(back), values(me(), 4, "float32"))
     if n > 1:
         assert np.array_equal(to_np(from_left), values(left, 4, "float32"))
+
+
+def test_the_largest_user_tag_is_mpi_tag_ub_less_16():
+    """The documented range: 0..MPI_TAG_UB less hpcdist's 16 reserved tags. The largest works end to end; one more
+    (or a negative one) is a ValueError naming the range, on the sender and the receiver, before anything moves."""
+    from mpi4py import MPI
+
+    top = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) - 16
+    n = dist.get_world_size()
+    if n < 2:
+        pytest.skip("needs 2 or more ranks")
+    for bad in (top + 1, -1):
+        with pytest.raises(ValueError, match=rf"tag must be in 0\.\.{top} \(MPI_TAG_UB less hpcdist's reserved tags\)"):
+            dist.isend(np.ones(2), dst=(me() + 1) % n, tag=bad)
+        with pytest.raises(ValueError, match=rf"got {bad}$"):
+            dist.irecv(np.ones(2), src=(me() - 1) % n, tag=bad)
+    x, y = np.full(3, float(me())), np.zeros(3)
+    works = [dist.irecv(y, src=(me() - 1) % n, tag=top), dist.isend(x, dst=(me() + 1) % n, tag=top)]
+    for w in works:
+        w.wait()
+    assert y.tolist() == [float((me() - 1) % n)] * 3

@@ -252,6 +252,22 @@ def test_tiling_check_is_exact_beyond_hundreds_of_boxes():
     assert "overlap" in tiling_problem((2000,), boxes)
 
 
+def test_tiling_check_of_a_2d_grid_against_a_cell_count():
+    """Boxes of a 2-D grid (a DeviceMesh (2, 3) sharding) touch along both dimensions: a tiling, not an overlap. The
+    reference: each element counted once per box that holds it (NumPy)."""
+    shape = (4, 9)
+    grid = [((r, c), (2, 3)) for r in (0, 2) for c in (0, 3, 6)]
+    moved = [((1, 0), (2, 3)), *grid[1:]]  # shifted a row down: overlaps its lower neighbour, leaves row 0 bare
+    shrunk = [*grid[:-1], ((2, 6), (2, 2))]  # one box a column short: a gap
+    for boxes, want in ((grid, None), (moved, "overlap"), (shrunk, "no box")):
+        count = np.zeros(shape, int)
+        for (r, c), (h, w) in boxes:
+            count[r : r + h, c : c + w] += 1
+        assert (want is None) == bool((count == 1).all())
+        got = tiling_problem(shape, boxes)
+        assert (got is None) if want is None else (want in got), (boxes, got)
+
+
 def test_exchange_swaps_two_directories(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()

@@ -116,6 +116,9 @@ def test_bucket_plan():
     keys = ["f", "f", "i", "f", "f", "i"]
     assert bucket_indices(nb, keys, 25) == [[0, 1], [2, 5], [3], [4]]
     assert bucket_indices(nb, keys, 1000) == [[0, 1, 3, 4], [2, 5]]
+    # "at most cap_bytes": buckets filled exactly to the cap, one kind and several
+    assert bucket_indices([4, 4, 4, 4], ["f"] * 4, 8) == [[0, 1], [2, 3]]
+    assert bucket_indices([4, 4, 4, 4], ["f", "i", "f", "i"], 8) == [[0, 2], [1, 3]]
     with pytest.raises(ValueError, match="cap"):
         bucket_indices(nb, keys, 0)
     with pytest.raises(ValueError, match="same length"):
