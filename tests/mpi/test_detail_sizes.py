@@ -131,6 +131,18 @@ def test_all_to_all_single_splits_that_disagree(detail, group):
     _expect_mismatch(call, pairs, [out], group)
 
 
+def test_all_to_all_single_split_smaller_than_the_receiver_expects(detail, group):
+    """The other direction: group rank 0 sends the last one fewer items than it expects. MPI completes it without
+    an error, leaving the end of the receiver's slot unwritten."""
+    members, gr = _place(group)
+    n, bad = len(members), len(members) - 1
+    send = [K - 1 if (gr == 0 and j == bad) else K for j in range(n)]
+    out = _full(K * n)
+    pairs = [_pair(members, 0, bad, K - 1, K)]
+    call = lambda: dist.all_to_all_single(out, np.ones(sum(send)), [K] * n, send, group=group)  # noqa: E731
+    _expect_mismatch(call, pairs, [out], group)
+
+
 def test_all_gather_coalesced_part_that_disagrees(detail, group):
     members, gr = _place(group)
     n, bad = len(members), len(members) - 1
