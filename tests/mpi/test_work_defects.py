@@ -260,3 +260,33 @@ def test_one_work_waited_by_several_threads_finishes_once_and_succeeds():
             failures.append((seen, float(x[0])))
     assert failures == []
     dist.barrier()
+
+
+def test_dropped_receives_are_bounded_by_back_pressure():
+    """``_MAX_ORPHANS`` dropped operations in flight at most: past it, dropping one more waits for the oldest, so a
+    loop of fire-and-forget receives (or sends) runs in bounded memory. Rank 1 drops ``_MAX_ORPHANS + 200``
+    receives of messages rank 0 sends only 2 s later; every one arrives, into its own buffer."""
+    import hpcdist.work as hw
+
+    if dist.get_world_size() < 2:
+        pytest.skip("needs 2 ranks")
+    count = 1224
+    assert count > hw._MAX_ORPHANS
+    if dist.get_rank() == 0:
+        time.sleep(2.0)  # rank 1 posts its receives meanwhile: without the bound, all of them stay in flight
+        for i in range(count):
+            dist.send(np.full(2, float(i)), dst=1, tag=11)
+    elif dist.get_rank() == 1:
+        bufs, most = [], 0
+        for _ in range(count):
+            bufs.append(np.zeros(2))
+            dist.irecv(bufs[-1], src=0, tag=11)  # the Work is dropped at once
+            most = max(most, pending_orphans())
+        deadline = time.monotonic() + 60
+        while pending_orphans() and time.monotonic() < deadline:
+            reap_orphans()
+            time.sleep(0.01)
+        assert most <= hw._MAX_ORPHANS, most
+        assert pending_orphans() == 0
+        np.testing.assert_array_equal(np.stack(bufs)[:, 0], np.arange(count, dtype=float))
+    dist.barrier()

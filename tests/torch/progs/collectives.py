@@ -113,6 +113,10 @@ for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.co
     case(f"all_reduce/AVG/{dt}", lambda dt=dt: allreduce(x_of(rank, dt, 6) * 2 * n, dist.ReduceOp.AVG), total / n)
     premul = dist._make_nccl_premul_sum(2.0)
     case(f"all_reduce/PREMUL_SUM/{dt}", lambda dt=dt, p=premul: allreduce(x_of(rank, dt, 6) * 2 * n, p), total * 2)
+    quarter = dist._make_nccl_premul_sum(0.25)  # another factor on the same dtype: not the first one's again
+    case(
+        f"all_reduce/PREMUL_SUM/0.25/{dt}", lambda dt=dt, p=quarter: allreduce(x_of(rank, dt, 6) * 2 * n, p), total / 4
+    )
 case(
     "all_reduce/AVG/torch.int64",
     lambda: allreduce(torch.full((3,), 2 * n * (rank + 1), dtype=torch.int64), dist.ReduceOp.AVG),
