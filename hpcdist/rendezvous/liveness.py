@@ -147,7 +147,8 @@ class Liveness:
                     self._died(
                         peer,
                         f"its host answered none of the keepalive probes on its connection to rank {self.rank} for "
-                        f"about {self._keepalive} s (HPCDIST_KEEPALIVE): the host is down, hung or cut off from the network",
+                        f"about {self._keepalive} s (HPCDIST_KEEPALIVE): the host is down, hung or cut off from the "
+                        "network",
                     )
                 else:  # EOF without a goodbye
                     self._died(

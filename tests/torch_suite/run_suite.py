@@ -12,7 +12,7 @@ Usage::
 
     python tests/torch_suite/run_suite.py run --backend gloo --ranks 2,3,4 [--limit S] [-k PATTERN]
     python tests/torch_suite/run_suite.py run --backend hpcdist --ranks 3 --only-passed-on gloo
-    python tests/torch_suite/run_suite.py run --backend hpcdist --profile mpi   # the tests torch asks of its MPI backend
+    python tests/torch_suite/run_suite.py run --backend hpcdist --profile mpi  # what torch asks of its MPI backend
     python tests/torch_suite/run_suite.py merge      # records/*.jsonl -> results.json
     python tests/torch_suite/run_suite.py summary    # counts and differences, Markdown
 
