@@ -88,7 +88,14 @@ class _ServerHandle:
 
     @classmethod
     def open(
-        cls, host: str, port: int, multi_tenant: bool, listen_fd: int | None, secret: bytes | None, max_frame: int
+        cls,
+        host: str,
+        port: int,
+        multi_tenant: bool,
+        listen_fd: int | None,
+        secret: bytes | None,
+        max_frame: int,
+        keepalive_s: int,
     ) -> _ServerHandle:
         with cls._lock:
             if multi_tenant and port != 0:
@@ -112,7 +119,7 @@ class _ServerHandle:
             bound = sock.getsockname()
             if secret is None and not _is_loopback(bound[0]):
                 _warn_unauthenticated(host, bound[1])
-            server = TCPServer(sock, secret, max_frame, keepalive_s=keepalive_seconds())
+            server = TCPServer(sock, secret, max_frame, keepalive_s=keepalive_s)
             server.start()
             key = (host, bound[1]) if multi_tenant else None
             handle = cls(server, key, secret)
@@ -309,7 +316,9 @@ class TCPStore(Store):
         self._lock = threading.Lock()
         handle = None
         if is_master:
-            handle = _ServerHandle.open(host_name, port, bool(multi_tenant), master_listen_fd, self._secret, mf)
+            handle = _ServerHandle.open(
+                host_name, port, bool(multi_tenant), master_listen_fd, self._secret, mf, self._keepalive
+            )
             self._port = handle.server.address[1]
         self._link = _Link(handle)
         self._finalizer = weakref.finalize(self, _Link.close, self._link)

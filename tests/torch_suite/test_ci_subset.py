@@ -39,6 +39,15 @@ MPI_SUBSET = [
 SUBSET = [ln.strip() for ln in (HERE / "ci_subset.txt").read_text().splitlines() if ln.strip() and ln[0] != "#"]
 
 
+def _not_passed(got: dict[str, dict], tests: list[str]) -> dict[str, str]:
+    """Each of ``tests`` the record ``got`` does not show passed (skipped or not run counts) -> outcome: reason."""
+    return {
+        t: f"{got.get(t, {}).get('outcome', 'not run')}: {got.get(t, {}).get('reason', '')}"
+        for t in tests
+        if got.get(t, {}).get("outcome") != "passed"
+    }
+
+
 @pytest.mark.timeout(900)
 def test_subset_passes_on_hpcdist_wherever_gloo_passes(tmp_path: Path) -> None:
     gloo = run_suite.run("gloo", RANKS, SUBSET, limit=300, test_timeout=60, record=tmp_path / "gloo.jsonl")
@@ -47,11 +56,7 @@ def test_subset_passes_on_hpcdist_wherever_gloo_passes(tmp_path: Path) -> None:
     # the subset was chosen among gloo's passes: gloo failing many means the harness or machine is broken
     assert len(expected) >= 0.9 * len(SUBSET), f"gloo passed only {len(expected)} of {len(SUBSET)}: {missing}"
     got = run_suite.run("hpcdist", RANKS, expected, limit=400, test_timeout=60, record=tmp_path / "hpcdist.jsonl")
-    failed = {
-        t: f"{got.get(t, {}).get('outcome', 'not run')}: {got.get(t, {}).get('reason', '')}"
-        for t in expected
-        if got.get(t, {}).get("outcome") != "passed"
-    }
+    failed = _not_passed(got, expected)
     assert not failed, f"hpcdist fails {len(failed)} of the {len(expected)} tests gloo passes: {failed}"
 
 
@@ -60,11 +65,7 @@ def test_mpi_profile_all_to_all_passes_on_hpcdist(tmp_path: Path) -> None:
     got = run_suite.run(
         "hpcdist", RANKS, MPI_SUBSET, limit=300, test_timeout=60, record=tmp_path / "hpcdist.mpi.jsonl", profile="mpi"
     )
-    failed = {
-        t: f"{got.get(t, {}).get('outcome', 'not run')}: {got.get(t, {}).get('reason', '')}"
-        for t in MPI_SUBSET
-        if got.get(t, {}).get("outcome") != "passed"
-    }
+    failed = _not_passed(got, MPI_SUBSET)
     assert not failed, (
         f"hpcdist fails {len(failed)} of the {len(MPI_SUBSET)} tests torch asks of its MPI backend: {failed}"
     )
