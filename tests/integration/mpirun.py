@@ -113,21 +113,52 @@ def run_within(cmd: list[str], env: dict[str, str], limit: float, cwd: Path | No
 
 
 def python_tracebacks(rows: list[tuple[int, list[str], str, str]], grace: float = 2.0) -> None:
-    """Make the Python processes of ``rows`` (:func:`_processes`) that run with ``PYTHONFAULTHANDLER=1`` (:func:`run_mpi` sets it)
-    print where every thread of theirs is: SIGABRT, which faulthandler turns into tracebacks on stderr even in a
-    process stuck in C with the GIL held. Gives them ``grace`` seconds to do it."""
-    hit = False
+    """Make the Python processes of ``rows`` (:func:`_processes`) that run with ``PYTHONFAULTHANDLER=1``
+    (:func:`run_mpi` sets it) print where every thread of theirs is: SIGABRT, which faulthandler turns into
+    tracebacks on stderr even in a process stuck in C with the GIL held.
+
+    Ranks share the launcher's stderr and faulthandler writes a traceback in many small writes, so ranks aborted
+    together interleave their tracebacks mid-line (seen in CI: ``line \\n...\\n6 in <module>``); and aborted one
+    after another, the first one's death makes the launcher kill the rest before they print. So the other
+    processes of the launch (mpiexec, Hydra's proxies) are stopped first; the ranks are aborted one at a time, each
+    given up to ``grace`` seconds to dump into its pipe and die; then the launcher goes on and forwards each pipe's
+    traceback whole."""
+    targets, others = [], []
     for pid, _fields, _wchan, cmd in rows:
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 faulthandler = b"\0PYTHONFAULTHANDLER=1\0" in b"\0" + f.read()
-            if faulthandler and "python" in cmd.split(" ", 1)[0]:
-                os.kill(pid, signal.SIGABRT)
-                hit = True
         except OSError:
             continue
-    if hit:
-        time.sleep(grace)
+        (targets if faulthandler and "python" in cmd.split(" ", 1)[0] else others).append(pid)
+    if not targets:
+        return
+    _signal_each(others, signal.SIGSTOP)
+    try:
+        for pid in targets:
+            _signal_each([pid], signal.SIGABRT)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and _alive(pid):
+                time.sleep(0.01)
+    finally:
+        _signal_each(others, signal.SIGCONT)
+    time.sleep(grace)  # the launcher forwards what the ranks printed
+
+
+def _signal_each(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :].split(" ", 1)[0] not in ("Z", "X")
 
 
 def _processes(root: int) -> list[tuple[int, list[str], str, str]]:

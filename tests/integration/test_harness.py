@@ -6,6 +6,7 @@ every test after it."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -150,7 +151,9 @@ MPI.COMM_WORLD.Barrier()  # RANK 0 WAITS HERE
     report = r.stderr[r.stderr.index("--- processes of the launch") :]
     assert "mpiexec" in report and "hydra_pmi_proxy" in report and report.count("script_") >= 3, report
     tracebacks = r.stderr.split("--- processes of the launch")[0]
-    for line in (5, 6):  # the sleep and the barrier, each rank's own frame
-        assert f'script_{abs(hash(script)) % 10**8}.py", line {line} in <module>' in tracebacks, r.stderr
+    for line in (5, 6):  # the sleep and the barrier, each rank's own frame, a whole block not torn by the other's
+        head = r"Current thread 0x[0-9a-f]+ \(most recent call first\):\n"
+        frame = head + rf'  File "[^"\n]*script_{abs(hash(script)) % 10**8}\.py", line {line} in <module>\n\n'
+        assert re.search(frame, tracebacks), r.stderr
     lingering = [cmd for pid, _f, _w, cmd in _processes(1) if str(tmp_path) in cmd]
     assert not lingering, lingering
