@@ -137,8 +137,16 @@ class Liveness:
                 except OSError as exc:
                     data, silent = b"", exc.errno == errno.ETIMEDOUT
                 if data == _DEAD:
-                    dead = _HELLO.unpack(_recv_exactly(conn, _HELLO.size))[0]
-                    self._died(dead, f"rank 0 reports that rank {dead} closed its connection without leaving")
+                    try:
+                        dead = _HELLO.unpack(_recv_exactly(conn, _HELLO.size))[0]
+                    except OSError:  # ConnectionError too: rank 0 ended while it sent the notice's 5 bytes
+                        self._died(
+                            peer,
+                            f"its connection to rank {self.rank} closed in the middle of a death notice: it ended "
+                            "while reporting the death of another rank",
+                        )
+                    else:
+                        self._died(dead, f"rank 0 reports that rank {dead} closed its connection without leaving")
                 elif data == _BYE or self._leaving:
                     sel.unregister(conn)
                     del self._peers[conn]

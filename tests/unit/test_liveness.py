@@ -206,3 +206,42 @@ def test_liveness_and_store_connections_probe_an_idle_peer(monkeypatch, knob, wa
         master.close()
         rank0.leave()
         peers[0].leave()
+
+
+_RANK1 = """
+import sys, time
+from datetime import timedelta
+from hpcdist.rendezvous.liveness import Liveness
+from hpcdist.store import HashStore
+store = HashStore()
+store.set("hpcdist/liveness/1", sys.argv[1])
+Liveness(store, 1, 3, timedelta(seconds=10), "127.0.0.1")
+time.sleep(60)  # the watcher must end the process long before
+"""
+
+
+@pytest.mark.parametrize("sent", [b"D", b"D\0\0"], ids=["one-byte", "three-bytes"])
+def test_a_rank0_that_ends_in_the_middle_of_a_death_notice_ends_the_job(sent):
+    """Rank 0 sends a death notice as 5 bytes: 'D' and the dead rank. If it ends after part of them, the others'
+    watcher must end them naming rank 0; it used to die of a ConnectionError and leave the rank running."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(30)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _RANK1, f"127.0.0.1:{server.getsockname()[1]}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            conn, _ = server.accept()
+            with conn:
+                assert struct.unpack("!i", conn.recv(4)) == (1,)
+                conn.sendall(sent)
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    assert proc.returncode != 0, out
+    assert (
+        "hpcdist: rank 0 of this launcher-free world of 3 died (its connection to rank 1 closed in the middle " in out
+    )
+    assert "Exception in thread" not in out, out
