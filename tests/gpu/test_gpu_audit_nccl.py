@@ -197,6 +197,36 @@ def test_dropped_async_work_keeps_the_arrays_alive_until_the_gpu_is_done(nccl):
     )
 
 
+def test_a_work_dropped_in_a_reference_cycle_hands_over_a_live_event(nccl):
+    """FIXED (crashed the process on the H100): a Work whose future was asked for and its Future reference
+    each other; dropped, they die in the cycle collector, which also ran the finalizer of the Work's CuPy Event
+    (CuPy's Event.__del__ destroys the CUDA event). The Work's __del__ handed _DROPPED that destroyed event,
+    CUDA gave its handle to the next event created, and a later release_dropped() query segfaulted (the whole
+    tests/gpu run died so at 1 rank). The handed-over event must be live: pending while the GPU is busy."""
+    import gc
+
+    from hpcdist.backends.nccl import work as nccl_work
+
+    x = cp.ones(1 << 16, dtype=cp.float32)
+    dist.all_reduce(x)  # the communicator exists: its setup would wait for the spin
+    cp.cuda.Device().synchronize()
+    gc.collect()  # earlier tests' garbage is handed over now, not below
+    x.fill(1.0)
+    spin(0.3)
+    w = dist.all_reduce(x, async_op=True)
+    w.get_future()  # the Work and its Future now reference each other
+    before = len(nccl_work._DROPPED)
+    del w
+    gc.collect()
+    assert len(nccl_work._DROPPED) == before + 1
+    ev = nccl_work._DROPPED[-1][0]
+    assert ev.done is False  # queued behind the spin: a live event (a destroyed one raises or reads another's)
+    cp.cuda.Device().synchronize()
+    assert ev.done is True
+    nccl_work.release_dropped()
+    assert cp.asnumpy(x).tolist() == [float(n())] * (1 << 16)
+
+
 def test_blocking_call_on_a_side_stream_keeps_the_arrays_alive_until_the_gpu_is_done(nccl):
     """The blocking form of the test above: async_op=False returns once the operation is enqueued on the side
     stream, the caller frees the array (allocated on the default stream) and a new array there must not get its

@@ -514,6 +514,45 @@ def test_dropped_event_work_keeps_its_arrays_until_its_event_completed():
     assert [r() is not None for r in refs] == [False, False, False] and not nccl_work._DROPPED
 
 
+class _DestroyedEvent(_Event):
+    """As CuPy's Event: a Python class whose __del__ destroys the CUDA event."""
+
+    destroyed: list[int] = []
+
+    def __del__(self):
+        self.destroyed.append(id(self))
+
+
+@pytest.mark.parametrize("combined", [False, True], ids=["single", "combined"])
+def test_a_work_dropped_in_a_reference_cycle_hands_over_a_live_event(combined):
+    """A Work and its Future reference each other once get_future() was called: dropped, they die together in
+    the cycle collector, which calls the finalizer of everything only they reach. The event went with them: the
+    Work's __del__ handed _DROPPED an event already destroyed, whose CUDA handle the next event got (on the H100
+    the next release_dropped() crashed the process). The event must outlive its Work untouched."""
+    import gc
+
+    from hpcdist.backends.nccl import work as nccl_work
+    from hpcdist.backends.nccl.work import CudaEventWork
+
+    nccl_work._DROPPED.clear()
+    _DestroyedEvent.destroyed.clear()
+    ev = _DestroyedEvent(done=False)
+    ev_id = id(ev)
+    work = CudaEventWork(ev, ("kept",), 5.0, "all_reduce", None, 0, False)
+    if combined:
+        work = CudaEventWork.combine([work], "all_reduce_coalesced", 5.0)
+    fut = work.get_future()
+    assert fut._work is work and work._future is fut  # the cycle
+    del ev, work, fut
+    gc.collect()
+    assert nccl_work._DROPPED, "the dropped Work handed nothing over"
+    assert [id(entry[0]) for entry in nccl_work._DROPPED] == [ev_id] * len(nccl_work._DROPPED)
+    assert _DestroyedEvent.destroyed == [], "the event of a dropped Work was destroyed while its operation may run"
+    nccl_work._DROPPED.clear()
+    gc.collect()
+    assert _DestroyedEvent.destroyed == [ev_id]  # let go of, it is destroyed as usual
+
+
 def test_event_work_seen_complete_keeps_nothing_once_dropped():
     from hpcdist.backends.nccl import work as nccl_work
 
