@@ -266,6 +266,8 @@ class Work:
                 _orphan(self._reqs, self._post, self._keep, self._timeout_s, self._name, self._status)
             elif not _all_done(self._reqs):  # timed out and still in flight: MPI may yet write its buffers
                 strand(self._reqs, self._keep)
+        if _HELD:
+            _HELD.pop(id(self), None)  # handed on above with the finishing step that uses them, or no longer needed
 
     def _finish(self) -> None:
         post = self._post
@@ -550,6 +552,25 @@ class Work:
 
 
 # ---------------------------------------------------------------- dropped handles
+
+#: Objects a live Work needs once dropped, by the Work's id, until its ``__del__`` (see :func:`hold`).
+_HELD: dict[int, Any] = {}
+
+
+def hold(work: Work, objs: Any) -> None:
+    """Keep ``objs`` alive from outside ``work`` until ``work``'s ``__del__`` hands them on.
+
+    A Work whose future was asked for and its :class:`Future` reference each
+    other, so a dropped one dies in the cycle collector, not at once. The
+    collector runs the finalizer of every object that only this garbage
+    reaches, before or after the Work's ``__del__``. CuPy's ``Stream`` and
+    ``Event`` destroy their CUDA handles in ``__del__``: a finishing step (or
+    NCCL's hand-over) would then use a destroyed stream or event, whose
+    handle CUDA gives to the next one created. Objects held here are
+    reachable, so never part of that garbage.
+    """
+    _HELD[id(work)] = objs
+
 
 #: Operations whose Work was dropped before completing: (requests, finishing step, buffers, timeout, name, the
 #: ``MPI.Status`` of a receive or None), oldest first (``name``: the Work's, ``(opname, group)`` for the operations

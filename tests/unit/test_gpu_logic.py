@@ -515,12 +515,24 @@ def test_dropped_event_work_keeps_its_arrays_until_its_event_completed():
 
 
 class _DestroyedEvent(_Event):
-    """As CuPy's Event: a Python class whose __del__ destroys the CUDA event."""
+    """As CuPy's Event and Stream: a Python class whose __del__ destroys the CUDA handle."""
 
     destroyed: list[int] = []
+    used_after: list[int] = []
 
     def __del__(self):
         self.destroyed.append(id(self))
+
+    def synchronize(self):  # as a stream
+        if id(self) in self.destroyed:
+            self.used_after.append(id(self))
+
+    def __enter__(self):
+        self.synchronize()
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 @pytest.mark.parametrize("combined", [False, True], ids=["single", "combined"])
@@ -551,6 +563,58 @@ def test_a_work_dropped_in_a_reference_cycle_hands_over_a_live_event(combined):
     nccl_work._DROPPED.clear()
     gc.collect()
     assert _DestroyedEvent.destroyed == [ev_id]  # let go of, it is destroyed as usual
+
+
+def _work_finishing_on(job, streams, ran):
+    """A host Work whose finishing step synchronizes ``streams``, held as an engine holds them."""
+    from hpcdist.work import Work, hold
+
+    def finish():
+        for s in streams:
+            s.synchronize()
+        ran.append("finish")
+
+    work = Work([job], finish, None, 10.0, "all_reduce")
+    hold(work, streams)
+    return work
+
+
+@pytest.mark.parametrize("engine_step", [False, True], ids=["work", "cuda-aware-wrap"])
+def test_a_host_work_dropped_in_a_reference_cycle_finishes_on_a_live_stream(engine_step):
+    """The same for a host Work whose finishing step uses a CUDA stream (the CUDA-aware engine synchronizes the
+    array's stream after MPI): dropped with its Future, a user's CuPy stream that only the Work still reached was
+    destroyed by the cycle collector before the orphaned step ran on it. The engine holds its streams
+    (hpcdist.work.hold) until the Work is handed to the orphans."""
+    import gc
+    import types
+
+    from hpcdist.backends.cuda_aware.engine import CudaAwareEngine
+    from hpcdist.backends.hierarchical import StepJob
+    from hpcdist.work import Work, reap_orphans
+
+    _DestroyedEvent.destroyed.clear()
+    _DestroyedEvent.used_after.clear()
+    stream = _DestroyedEvent()
+    sid = id(stream)
+    ran: list[str] = []
+    job = StepJob(lambda: None)  # a request that completes once run
+    if engine_step:  # the engine's own wrapping of a host Work
+        fake = types.SimpleNamespace(pg=None)
+        inner = Work([job], None, None, 10.0, "all_reduce")
+        work = CudaAwareEngine._wrap(fake, inner, [stream], "all_reduce")  # type: ignore[arg-type]
+        del inner
+    else:
+        work = _work_finishing_on(job, [stream], ran)
+    work.get_future()  # the Work and its Future now reference each other
+    del stream, work
+    gc.collect()
+    assert _DestroyedEvent.destroyed == [], "the stream of a dropped Work was destroyed before its step ran"
+    job.run()
+    reap_orphans()
+    assert _DestroyedEvent.used_after == []
+    assert ran == ([] if engine_step else ["finish"])
+    gc.collect()
+    assert _DestroyedEvent.destroyed == [sid]  # once the step ran, it goes as usual
 
 
 def test_event_work_seen_complete_keeps_nothing_once_dropped():

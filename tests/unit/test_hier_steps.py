@@ -128,3 +128,29 @@ def test_a_turn_and_close_give_up_once_calls_stop_finishing():
     with t.turn(0.3, "all_reduce"):
         assert t.idle() is False  # this turn holds the thread's slot
     assert t.close(0.3) is True
+
+
+def test_a_dropped_work_whose_future_was_asked_for_waits_for_the_cycle_collector():
+    """docs/sharp-bits.md ("Dropped Work handles"): a Work and its Future reference each other, so dropping both
+    hands nothing to the orphans until Python's cycle collector finds them; then the Work is adopted and finished
+    as any dropped one."""
+    import gc
+
+    from hpcdist.work import pending_orphans
+
+    done: list[int] = []
+    job = StepJob(lambda: None)
+    before = pending_orphans()
+    gc.disable()
+    try:
+        work = Work([job], lambda: done.append(1), None, 10.0, "all_reduce")
+        work.get_future()
+        del work
+        assert pending_orphans() == before  # not handed over: the cycle keeps it
+        gc.collect()
+        assert pending_orphans() == before + 1
+    finally:
+        gc.enable()
+    job.run()
+    reap_orphans()
+    assert done == [1] and pending_orphans() == before

@@ -23,7 +23,7 @@ from ...buffers.packing import displacements
 from ...gpu import xp
 from ...gpu.streams import check_devices, streams_of, synchronize
 from ...ops import ResolvedOp
-from ...work import Work
+from ...work import Work, hold
 from ..engine import Engine
 from ..mpi.engine import MPIEngine, _mpi_op, _msg
 
@@ -60,11 +60,15 @@ class CudaAwareEngine(Engine):
                     post()
             synchronize(streams)
 
-        return Work(reqs, finish, keep, self.pg._timeout_s, (name, self.pg), result)
+        work = Work(reqs, finish, keep, self.pg._timeout_s, (name, self.pg), result)
+        hold(work, streams)  # a CuPy Stream destroys its CUDA stream in __del__ (see hold)
+        return work
 
     def _wrap(self, inner: Any, streams: list[Any], name: str) -> Work:
         """A host-engine Work on device buffers: its finishing step runs on the array's stream, then the streams sync."""
-        return inner.chain(lambda: synchronize(streams), within=streams[0], name=(name, self.pg))
+        work = inner.chain(lambda: synchronize(streams), within=streams[0], name=(name, self.pg))
+        hold(work, streams)
+        return work
 
     def _size(self) -> int:
         return int(self.comm.Get_size())

@@ -31,7 +31,7 @@ from typing import Any
 
 from ...errors import TIMEOUT_FIX, DistTimeoutError, timeout_message
 from ...gpu.streams import require_cupy
-from ...work import Future, Work, _as_list, _wait_limit
+from ...work import _HELD, Future, Work, _as_list, _wait_limit, hold
 
 __all__ = ["CudaEventWork", "release_dropped"]
 
@@ -40,14 +40,6 @@ _DROPPED: deque[tuple[Any, Any, Any]] = deque()
 
 
 _RELEASING = threading.Lock()
-
-# The event of every live CudaEventWork, by the Work's id. CuPy's Event is a Python class whose __del__
-# destroys its CUDA event. A Work that dies in a reference cycle (a Work and its Future reference each other
-# once get_future() was called) would otherwise take its event into the same garbage: the collector calls
-# every finalizer of that garbage, the event's too, so the Work's __del__ handed _DROPPED an event whose CUDA
-# handle was gone. CUDA gave the handle to the next event created; querying it later crashed the process.
-# Held here, the event is reachable as long as its Work lives, never part of the Work's garbage.
-_EVENTS: dict[int, Any] = {}
 
 
 def release_dropped() -> None:
@@ -92,12 +84,12 @@ class CudaEventWork(Work):
         self._torch = torch_stream
         self._source = source
         self._captured = captured
-        _EVENTS[id(self)] = event
+        hold(self, event)  # CuPy's Event.__del__ destroys the event: never in this Work's garbage (see hold)
 
     def __del__(self) -> None:
         # _keep is cleared once the event was seen complete; until then the GPU may still use the arrays
         try:
-            event = _EVENTS.pop(id(self), self._event)
+            event = _HELD.pop(id(self), self._event)
             if self._keep is not None and not self._captured:
                 _DROPPED.append((event, self._keep, self._result))
         except Exception:  # pragma: no cover - at interpreter shutdown, when the module is gone already
