@@ -1197,6 +1197,8 @@ def barrier(
     else:  # the engine's own bound where it waits inside the call (shared memory); else Work.wait's below
         work = eng.barrier(sync=False, timeout_s=timeout.total_seconds())
     if async_op:
+        if work is not None and pending_orphans():  # completes once the group's dropped collectives finished too
+            work = work.chain(lambda: finish_orphans(pg))
         if entry is not None and work is not None:
             attach(entry, work)
         return work

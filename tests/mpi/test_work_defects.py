@@ -148,11 +148,13 @@ def test_a_dropped_works_finishing_step_runs_when_a_later_work_is_waited():
     dist.barrier()
 
 
-@pytest.mark.parametrize("then", ["barrier", "all_reduce+finish_orphans"])
+@pytest.mark.parametrize("then", ["barrier", "async-barrier", "all_reduce+finish_orphans"])
 def test_a_blocking_barrier_finishes_the_groups_dropped_collectives(group, then):
     """As gloo's barrier waits for the group's earlier work: after ``barrier()`` a dropped AVG is divided and a
     dropped non-contiguous output copied back, with no other call (they held the SUM / nothing before). So does
-    ``finish_orphans(group)`` after any later blocking collective of the group (every rank started them)."""
+    ``finish_orphans(group)`` after any later blocking collective of the group (every rank started them), and the
+    wait of an asynchronous barrier (torch's ``dist.barrier()`` on the "hpcdist" backend takes that path, where
+    the outputs held the SUM or nothing after it: tests/torch/test_defects.py)."""
     if group is dist.GroupMember.NON_GROUP_MEMBER:
         dist.barrier()
         return
@@ -168,6 +170,8 @@ def test_a_blocking_barrier_finishes_the_groups_dropped_collectives(group, then)
     gc.collect()
     if then == "barrier":
         dist.barrier(group=group)
+    elif then == "async-barrier":
+        dist.barrier(group=group, async_op=True).wait()
     else:
         dist.all_reduce(np.ones(1), group=group)  # blocking, no Work: nothing reaps the dropped ones on its own
         finish_orphans(group)  # every rank started them before this all_reduce: they complete promptly

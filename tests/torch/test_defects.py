@@ -39,6 +39,20 @@ def test_an_expired_wait_on_an_owned_work_leaves_the_operation_to_complete(runs)
         assert torch.equal(runs["hpcdist"][r]["owned_result"], torch.full((3,), float(N)))
 
 
+@pytest.mark.parametrize("n", [16, 1024, 65536])
+def test_dropped_async_all_reduces_are_complete_after_a_barrier(runs, n):
+    """hpcdist's barrier finishes the group's dropped collectives (docs/sharp-bits.md), on the torch backend too:
+    the outputs held nothing, or the sum without its copy-back into a non-contiguous view. The reference is the
+    known sum: gloo's own outputs were partial after its barrier in this program (half of the 16 elements at
+    rank 0, after DDP under Join), so gloo is not asserted here."""
+    total = N * (N + 1) / 2
+    for r in range(N):
+        t, view = runs["hpcdist"][r][f"dropped_{n}"]
+        assert torch.equal(t, torch.full((n,), total)), (r, t[:3])
+        assert torch.equal(view[:, 0], torch.full((n,), total)), (r, view[:3, 0])
+        assert torch.equal(view[:, 1], torch.zeros(n)), r
+
+
 @pytest.mark.parametrize("debug", ["HPCDIST_DEBUG", "TORCH_DISTRIBUTED_DEBUG"])
 def test_detail_refuses_all_reduces_of_different_sizes_or_dtypes(tmp_path, debug):
     """Every rank raises naming what each called, for blocking and async calls; the next all_reduce matches."""

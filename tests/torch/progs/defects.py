@@ -9,6 +9,10 @@
   and its ``wait(timeout=1s)`` expires before the others arrive (3 s later); the operation then completes.
   The expired wait marked the process as having an operation stuck in flight, so the job ended with
   MPI_Abort(124) at exit although everything completed. The test asserts exit status 0.
+* ``dropped``: async all_reduces (SUM) whose Work is dropped at once, then ``dist.barrier()``: gloo's barrier
+  waits for the group's earlier work, so the outputs hold the sum after it. On "hpcdist" they held nothing
+  (or the sum without the copy-back into a non-contiguous view): torch's barrier waits on an asynchronous
+  hpcdist barrier, which did not finish the group's dropped operations as the blocking one does.
 
 Usage: mpiexec -n 3 python defects.py BACKEND OUTDIR
 """
@@ -22,6 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from common import args, init, save
+
+DROPPED_SIZES = (16, 1024, 65536)
 
 
 def main() -> None:
@@ -50,6 +56,16 @@ def main() -> None:
             nn.functional.mse_loss(ddp(x), y).backward()
             opt.step()
     res["join_params"] = torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    # before the expired wait below: after a timed-out wait gloo's later results are unreliable
+    for n in DROPPED_SIZES:
+        t = torch.full((n,), rank + 1.0)
+        dist.all_reduce(t, async_op=True)  # the Work is dropped at once
+        view = torch.zeros(n, 2)
+        view[:, 0] = rank + 1.0
+        dist.all_reduce(view[:, 0], async_op=True)  # a non-contiguous output: copied back by a finishing step
+        dist.barrier()
+        res[f"dropped_{n}"] = (t.clone(), view.clone())
 
     t = torch.ones(3)
     if rank == 0:
