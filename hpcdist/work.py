@@ -262,6 +262,8 @@ class Work:
 
     def __del__(self) -> None:
         if not self._done and self._reqs:
+            if sys.is_finalizing():  # a Work kept by a cycle until interpreter shutdown: MPI has ended or is ending
+                return
             if self._exc is None:
                 _orphan(self._reqs, self._post, self._keep, self._timeout_s, self._name, self._status)
             elif not _all_done(self._reqs):  # timed out and still in flight: MPI may yet write its buffers

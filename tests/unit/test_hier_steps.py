@@ -154,3 +154,24 @@ def test_a_dropped_work_whose_future_was_asked_for_waits_for_the_cycle_collector
     job.run()
     reap_orphans()
     assert done == [1] and pending_orphans() == before
+
+
+_AT_EXIT = """
+import gc
+from hpcdist.backends.hierarchical import StepJob
+from hpcdist.work import Work
+gc.disable()
+work = Work([StepJob(lambda: None)], None, None, 10.0, "all_reduce")
+work.get_future()  # the Work and its Future reference each other: collected only at interpreter shutdown
+del work
+"""
+
+
+def test_a_pending_work_collected_at_interpreter_shutdown_says_nothing():
+    """A Work kept by a reference cycle until interpreter shutdown tried to hand itself to the orphans there and
+    printed "Exception ignored in: <function Work.__del__ ...> ImportError: sys.meta_path is None" at exit."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", _AT_EXIT], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
