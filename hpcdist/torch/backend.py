@@ -40,6 +40,8 @@ the same order.
 from __future__ import annotations
 
 import threading
+import weakref
+from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -57,7 +59,7 @@ from . import progress
 from .groups import Attached, detach
 from .ops import BackendValueError, check_same_dtype, check_tensors, plain_op, reduce_op, torch_error
 from .sparse import all_reduce_sparse
-from .work import HpcdistWork, done_work
+from .work import HpcdistWork, done_work, finish_quietly
 
 __all__ = ["BACKEND_NAME", "DEVICES", "HpcdistProcessGroup"]
 
@@ -135,6 +137,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         self._async_engine: Any = None  # the plain MPI engine of asynchronous all-reduces (made on first use)
         self._engine_window: tuple[int, int] | None = None  # sizes of blocking all-reduces the engine takes
         self._hier_from: int | None = -1  # blocking CPU calls from here go hierarchical (None: never; -1: unknown)
+        self._in_flight: deque[weakref.ref[HpcdistWork]] = deque()  # async collectives returned: see barrier()
 
     # -- identity ---------------------------------------------------------------------
 
@@ -208,10 +211,26 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         """
         hwork = self._start(start)
         if async_op and progress.PROGRESS.ident != _get_ident():
-            return HpcdistWork(hwork, result, name, self._timeout_s, self._g2l)
+            work = HpcdistWork(hwork, result, name, self._timeout_s, self._g2l)
+            if hwork is not None:
+                self._track(work)
+            return work
         if hwork is not None:
             hwork.wait()
         return done_work(result, name)
+
+    def _track(self, work: HpcdistWork) -> None:
+        """Note an asynchronous collective for the group's next barrier (pruned of finished ones as it grows)."""
+        q = self._in_flight
+        q.append(weakref.ref(work))
+        if len(q) >= 64 and len(q) & (len(q) - 1) == 0:  # at 64, 128, 256 ...: amortized O(1) per call
+            self._in_flight = deque(r for r in q if (w := r()) is not None and not w._done)
+
+    def _earlier_collectives(self) -> list[HpcdistWork]:
+        """The asynchronous collectives returned before this call and not yet complete (alive or not)."""
+        works = [w for r in self._in_flight if (w := r()) is not None and not w._done]
+        self._in_flight.clear()
+        return works
 
     def _start(self, start: Callable[[Any], Any]) -> Any:
         """``start(hpcdist_group)``; hpcdist's argument errors (raised before any message moved) also as the
@@ -251,7 +270,11 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             op = plain_op(opts.reduceOp, t.dtype) if t.layout is _strided else None
             if op is not None:  # a (ReduceOp, dtype) pair seen before: no checks left to do
                 if opts.asyncOp and progress.PROGRESS.ident != _get_ident():
-                    return HpcdistWork(self._all_reduce_start(t, op, True), tensors, "all_reduce", self._timeout_s)
+                    hwork = self._all_reduce_start(t, op, True)
+                    work = HpcdistWork(hwork, tensors, "all_reduce", self._timeout_s)
+                    if hwork is not None:
+                        self._track(work)
+                    return work
                 work = self._all_reduce_start(t, op, False)
                 if work is not None:  # blocking (or inside a future's callback): complete it on this thread
                     work.wait()
@@ -460,8 +483,17 @@ class HpcdistProcessGroup(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def barrier(self, opts: Any = None) -> Any:
+        """gloo's barrier: complete once every rank entered it and this rank's earlier collectives of the group
+        completed (held Works too, not only dropped ones: code written for gloo reads their outputs after it)."""
         opts = opts or _c10d.BarrierOptions()
-        return self._go("barrier", opts.asyncOp, [], lambda g: C.barrier(group=g, async_op=True))
+        earlier = self._earlier_collectives()
+        work = self._go("barrier", opts.asyncOp, [], lambda g: C.barrier(group=g, async_op=True))
+        if earlier:
+            if work._done:  # a blocking barrier: it has completed
+                finish_quietly(earlier)
+            else:
+                work._then = earlier  # waited for by its wait()
+        return work
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """hpcdist's monitored barrier on this group, its errors worded as gloo's (logs and tests grep for them).

@@ -26,7 +26,7 @@ from ..errors import DistError
 from ..work import timeout_error
 from . import progress
 
-__all__ = ["HpcdistWork", "done_work"]
+__all__ = ["HpcdistWork", "done_work", "finish_quietly"]
 
 
 def _limit(timeout: Any, default_s: float) -> float:
@@ -55,6 +55,7 @@ class HpcdistWork(dist._Work):
     _owned: threading.Event | None = None  # set once the progress thread completed it
     _src_map: Any = None  # global rank -> group rank, for recv's source
     _lock: Any = None
+    _then: list[Any] | None = None  # a barrier's: the group's earlier collectives, waited for after it
 
     def __init__(self, hwork: Any, result: list[Any], name: str, timeout_s: float, src_map: Any = None) -> None:
         _work_init(self)
@@ -129,6 +130,9 @@ class HpcdistWork(dist._Work):
                         self._wait_locked(limit)
         if self._exc is not None:
             raise self._exc
+        if self._then is not None:
+            earlier, self._then = self._then, None
+            finish_quietly(earlier)
         return True
 
     def _wait_locked(self, limit: float) -> None:
@@ -217,3 +221,13 @@ def _complete(fut: Any, result: list[Any], exc: BaseException | None) -> None:
 def done_work(result: list[Any], name: str) -> HpcdistWork:
     """A Work that is already complete (the blocking path ran the operation to the end)."""
     return HpcdistWork(None, result, name, 0.0)
+
+
+def finish_quietly(works: list[HpcdistWork]) -> None:
+    """Wait for ``works``, collectives started before a barrier that completed (every rank started them, so they
+    complete promptly); an error stays with its Work, for its own ``wait()``."""
+    for w in works:
+        try:
+            w.wait()
+        except Exception:  # kept by the Work: raised by its own wait()
+            pass

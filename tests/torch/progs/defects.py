@@ -13,6 +13,9 @@
   waits for the group's earlier work, so the outputs hold the sum after it. On "hpcdist" they held nothing
   (or the sum without the copy-back into a non-contiguous view): torch's barrier waits on an asynchronous
   hpcdist barrier, which did not finish the group's dropped operations as the blocking one does.
+* ``held``: the same with the Works kept (and waited only after the barrier), blocking and async barrier: gloo's
+  barrier waits for them (a program of only these calls gives the sums on gloo; here, after DDP under Join,
+  gloo's were partial); hpcdist's outputs held nothing at 64 Ki elements.
 
 Usage: mpiexec -n 3 python defects.py BACKEND OUTDIR
 """
@@ -66,6 +69,19 @@ def main() -> None:
         dist.all_reduce(view[:, 0], async_op=True)  # a non-contiguous output: copied back by a finishing step
         dist.barrier()
         res[f"dropped_{n}"] = (t.clone(), view.clone())
+        for how in ("barrier", "async-barrier"):  # held, not waited: gloo's barrier waits for them too
+            t = torch.full((n,), rank + 1.0)
+            works = [dist.all_reduce(t, async_op=True)]
+            view = torch.zeros(n, 2)
+            view[:, 0] = rank + 1.0
+            works.append(dist.all_reduce(view[:, 0], async_op=True))
+            if how == "barrier":
+                dist.barrier()
+            else:
+                dist.barrier(async_op=True).wait()
+            res[f"held_{how}_{n}"] = (t.clone(), view.clone())
+            for w in works:
+                w.wait()
 
     t = torch.ones(3)
     if rank == 0:
