@@ -151,11 +151,18 @@ class HpcdistWork(dist._Work):
         self.wait()
 
     def is_completed(self) -> bool:
-        if self._done:
-            return True
-        if self._owned is not None:
-            return self._owned.is_set()
-        return self._test()
+        if not self._done:
+            if self._owned is not None:
+                if not self._owned.is_set():
+                    return False
+            elif not self._test():
+                return False
+        then = self._then
+        if then is not None:  # a barrier: complete once the earlier collectives are too
+            if not all(w.is_completed() for w in then):
+                return False
+            self._then = None
+        return True
 
     def is_success(self) -> bool:
         if not self.is_completed():

@@ -53,7 +53,7 @@ def test_dropped_async_all_reduces_are_complete_after_a_barrier(runs, n):
         assert torch.equal(view[:, 1], torch.zeros(n)), r
 
 
-@pytest.mark.parametrize("how", ["barrier", "async-barrier"])
+@pytest.mark.parametrize("how", ["barrier", "async-barrier", "async-barrier-polled"])
 @pytest.mark.parametrize("n", [16, 1024, 65536])
 def test_held_async_all_reduces_are_complete_after_a_barrier(runs, n, how):
     """gloo's barrier completes after the group's earlier collectives (its source says so, and a program of just

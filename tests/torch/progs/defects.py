@@ -69,7 +69,7 @@ def main() -> None:
         dist.all_reduce(view[:, 0], async_op=True)  # a non-contiguous output: copied back by a finishing step
         dist.barrier()
         res[f"dropped_{n}"] = (t.clone(), view.clone())
-        for how in ("barrier", "async-barrier"):  # held, not waited: gloo's barrier waits for them too
+        for how in ("barrier", "async-barrier", "async-barrier-polled"):  # held, not waited: gloo's barrier waits
             t = torch.full((n,), rank + 1.0)
             works = [dist.all_reduce(t, async_op=True)]
             view = torch.zeros(n, 2)
@@ -77,8 +77,12 @@ def main() -> None:
             works.append(dist.all_reduce(view[:, 0], async_op=True))
             if how == "barrier":
                 dist.barrier()
-            else:
+            elif how == "async-barrier":
                 dist.barrier(async_op=True).wait()
+            else:
+                b = dist.barrier(async_op=True)
+                while not b.is_completed():
+                    time.sleep(0.001)
             res[f"held_{how}_{n}"] = (t.clone(), view.clone())
             for w in works:
                 w.wait()
