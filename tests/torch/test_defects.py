@@ -68,6 +68,12 @@ def test_held_async_all_reduces_are_complete_after_a_barrier(runs, n, how):
         assert torch.equal(view[:, 1], torch.zeros(n)), r
 
 
+def test_a_barrier_does_not_wait_for_a_receive_whose_send_comes_after_it(runs):
+    """docs/torch.md: the barrier waits for earlier collectives, not point-to-point work (it would never end)."""
+    for backend in ("hpcdist", "gloo"):
+        assert torch.equal(runs[backend][0]["p2p_across_barrier"], torch.arange(4.0)), backend
+
+
 @pytest.mark.parametrize("debug", ["HPCDIST_DEBUG", "TORCH_DISTRIBUTED_DEBUG"])
 def test_detail_refuses_all_reduces_of_different_sizes_or_dtypes(tmp_path, debug):
     """Every rank raises naming what each called, for blocking and async calls; the next all_reduce matches."""

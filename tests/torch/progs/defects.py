@@ -13,6 +13,8 @@
   waits for the group's earlier work, so the outputs hold the sum after it. On "hpcdist" they held nothing
   (or the sum without the copy-back into a non-contiguous view): torch's barrier waits on an asynchronous
   hpcdist barrier, which did not finish the group's dropped operations as the blocking one does.
+* ``p2p_across_barrier``: rank 0 keeps an ``irecv`` whose send rank 1 makes only once rank 0 is past the
+  barrier; a barrier that waited for it would never return (gloo's leaves point-to-point work out, hpcdist's too).
 * ``held``: the same with the Works kept (and waited only after the barrier), blocking and async barrier: gloo's
   barrier waits for them (a program of only these calls gives the sums on gloo; here, after DDP under Join,
   gloo's were partial); hpcdist's outputs held nothing at 64 Ki elements.
@@ -86,6 +88,21 @@ def main() -> None:
             res[f"held_{how}_{n}"] = (t.clone(), view.clone())
             for w in works:
                 w.wait()
+
+    # a held irecv whose send rank 1 makes only once rank 0 is past the barrier: a barrier that waited for
+    # point-to-point work would never return
+    got = torch.zeros(4)
+    if rank == 0:
+        w = dist.irecv(got, src=1)
+        dist.barrier()
+        dist.send(torch.ones(1), dst=1)
+        w.wait()
+    else:
+        dist.barrier()
+        if rank == 1:
+            dist.recv(torch.zeros(1), src=0)
+            dist.send(torch.arange(4.0), dst=0)
+    res["p2p_across_barrier"] = got.clone()
 
     t = torch.ones(3)
     if rank == 0:
