@@ -269,7 +269,7 @@ class Work:
             elif not _all_done(self._reqs):  # timed out and still in flight: MPI may yet write its buffers
                 strand(self._reqs, self._keep)
         if _HELD:
-            _HELD.pop(id(self), None)  # handed on above with the finishing step that uses them, or no longer needed
+            unhold(self)  # handed on above with the finishing step that uses them, or no longer needed
 
     def _finish(self) -> None:
         post = self._post
@@ -572,6 +572,11 @@ def hold(work: Work, objs: Any) -> None:
     reachable, so never part of that garbage.
     """
     _HELD[id(work)] = objs
+
+
+def unhold(work: Work, default: Any = None) -> Any:
+    """Let go of what :func:`hold` kept for ``work`` (from its ``__del__``); return it, or ``default``."""
+    return _HELD.pop(id(work), default)
 
 
 #: Operations whose Work was dropped before completing: (requests, finishing step, buffers, timeout, name, the

@@ -211,26 +211,24 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         """
         hwork = self._start(start)
         if async_op and progress.PROGRESS.ident != _get_ident():
-            work = HpcdistWork(hwork, result, name, self._timeout_s, self._g2l)
-            if hwork is not None:
-                self._track(work)
-            return work
+            return self._async_work(hwork, result, name, self._g2l)
         if hwork is not None:
             hwork.wait()
         return done_work(result, name)
 
-    def _track(self, work: HpcdistWork) -> None:
-        """Note an asynchronous collective for the group's next barrier (pruned of finished ones as it grows)."""
-        q = self._in_flight
-        q.append(weakref.ref(work))
-        if len(q) >= 64 and len(q) & (len(q) - 1) == 0:  # at 64, 128, 256 ...: amortized O(1) per call
-            self._in_flight = deque(r for r in q if (w := r()) is not None and not w._done)
+    def _async_work(self, hwork: Any, result: list[Any], name: str, src_map: Any = None) -> HpcdistWork:
+        """The torch Work of an asynchronous collective, noted for the group's next barrier (see barrier())."""
+        work = HpcdistWork(hwork, result, name, self._timeout_s, src_map)
+        if hwork is not None:
+            q = self._in_flight
+            q.append(weakref.ref(work))
+            if len(q) >= 64 and len(q) & (len(q) - 1) == 0:  # pruned at 64, 128, 256 ...: amortized O(1) per call
+                self._in_flight = deque(map(weakref.ref, self._pending()))
+        return work
 
-    def _earlier_collectives(self) -> list[HpcdistWork]:
-        """The asynchronous collectives returned before this call and not yet complete (alive or not)."""
-        works = [w for r in self._in_flight if (w := r()) is not None and not w._done]
-        self._in_flight.clear()
-        return works
+    def _pending(self) -> list[HpcdistWork]:
+        """The noted asynchronous collectives that are still alive and not complete, oldest first."""
+        return [w for r in self._in_flight if (w := r()) is not None and not w._done]
 
     def _start(self, start: Callable[[Any], Any]) -> Any:
         """``start(hpcdist_group)``; hpcdist's argument errors (raised before any message moved) also as the
@@ -270,11 +268,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
             op = plain_op(opts.reduceOp, t.dtype) if t.layout is _strided else None
             if op is not None:  # a (ReduceOp, dtype) pair seen before: no checks left to do
                 if opts.asyncOp and progress.PROGRESS.ident != _get_ident():
-                    hwork = self._all_reduce_start(t, op, True)
-                    work = HpcdistWork(hwork, tensors, "all_reduce", self._timeout_s)
-                    if hwork is not None:
-                        self._track(work)
-                    return work
+                    return self._async_work(self._all_reduce_start(t, op, True), tensors, "all_reduce")
                 work = self._all_reduce_start(t, op, False)
                 if work is not None:  # blocking (or inside a future's callback): complete it on this thread
                     work.wait()
@@ -486,7 +480,8 @@ class HpcdistProcessGroup(dist.ProcessGroup):
         """gloo's barrier: complete once every rank entered it and this rank's earlier collectives of the group
         completed (held Works too, not only dropped ones: code written for gloo reads their outputs after it)."""
         opts = opts or _c10d.BarrierOptions()
-        earlier = self._earlier_collectives()
+        earlier = self._pending()
+        self._in_flight.clear()
         work = self._go("barrier", opts.asyncOp, [], lambda g: C.barrier(group=g, async_op=True))
         if earlier:
             if work._done:  # a blocking barrier: it has completed

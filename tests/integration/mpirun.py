@@ -158,7 +158,12 @@ def _alive(pid: int) -> bool:
             stat = f.read()
     except OSError:
         return False
-    return stat[stat.rindex(")") + 2 :].split(" ", 1)[0] not in ("Z", "X")
+    return _stat_fields(stat)[0] not in ("Z", "X")
+
+
+def _stat_fields(stat: str) -> list[str]:
+    """The fields of a /proc/PID/stat line from the state on (the command name before them may hold spaces)."""
+    return stat[stat.rindex(")") + 2 :].split()
 
 
 def _processes(root: int) -> list[tuple[int, list[str], str, str]]:
@@ -173,7 +178,7 @@ def _processes(root: int) -> list[tuple[int, list[str], str, str]]:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 stat = f.read()
-            fields = stat[stat.rindex(")") + 2 :].split()  # state ppid pgrp session ...
+            fields = _stat_fields(stat)  # state ppid pgrp session ...
             with open(f"/proc/{pid}/wchan") as f:
                 wchan = f.read().strip() or "-"
             with open(f"/proc/{pid}/cmdline", "rb") as f:

@@ -39,18 +39,23 @@ def test_an_expired_wait_on_an_owned_work_leaves_the_operation_to_complete(runs)
         assert torch.equal(runs["hpcdist"][r]["owned_result"], torch.full((3,), float(N)))
 
 
+def _assert_sums(runs: dict[str, list[dict[str, Any]]], key: str, n: int) -> None:
+    """Every hpcdist rank's (tensor, n x 2 view) under ``key`` holds the known sum (the view's other column 0)."""
+    total = N * (N + 1) / 2
+    for r in range(N):
+        t, view = runs["hpcdist"][r][key]
+        assert torch.equal(t, torch.full((n,), total)), (r, t[:3])
+        assert torch.equal(view[:, 0], torch.full((n,), total)), (r, view[:3, 0])
+        assert torch.equal(view[:, 1], torch.zeros(n)), r
+
+
 @pytest.mark.parametrize("n", [16, 1024, 65536])
 def test_dropped_async_all_reduces_are_complete_after_a_barrier(runs, n):
     """hpcdist's barrier finishes the group's dropped collectives (docs/sharp-bits.md), on the torch backend too:
     the outputs held nothing, or the sum without its copy-back into a non-contiguous view. The reference is the
     known sum: gloo's own outputs were partial after its barrier in this program (half of the 16 elements at
     rank 0, after DDP under Join), so gloo is not asserted here."""
-    total = N * (N + 1) / 2
-    for r in range(N):
-        t, view = runs["hpcdist"][r][f"dropped_{n}"]
-        assert torch.equal(t, torch.full((n,), total)), (r, t[:3])
-        assert torch.equal(view[:, 0], torch.full((n,), total)), (r, view[:3, 0])
-        assert torch.equal(view[:, 1], torch.zeros(n)), r
+    _assert_sums(runs, f"dropped_{n}", n)
 
 
 @pytest.mark.parametrize("how", ["barrier", "async-barrier", "async-barrier-polled"])
@@ -60,12 +65,7 @@ def test_held_async_all_reduces_are_complete_after_a_barrier(runs, n, how):
     these calls at 3 ranks gave complete sums on gloo); hpcdist's outputs held nothing at 64 Ki elements until
     the Works were waited. Known sums as the reference: in this program, after DDP under Join, gloo's own
     outputs were partial after its barrier, so gloo is not asserted."""
-    total = N * (N + 1) / 2
-    for r in range(N):
-        t, view = runs["hpcdist"][r][f"held_{how}_{n}"]
-        assert torch.equal(t, torch.full((n,), total)), (r, t[:3])
-        assert torch.equal(view[:, 0], torch.full((n,), total)), (r, view[:3, 0])
-        assert torch.equal(view[:, 1], torch.zeros(n)), r
+    _assert_sums(runs, f"held_{how}_{n}", n)
 
 
 def test_a_barrier_does_not_wait_for_a_receive_whose_send_comes_after_it(runs):

@@ -31,7 +31,7 @@ from typing import Any
 
 from ...errors import TIMEOUT_FIX, DistTimeoutError, timeout_message
 from ...gpu.streams import require_cupy
-from ...work import _HELD, Future, Work, _as_list, _wait_limit, hold
+from ...work import Future, Work, _as_list, _wait_limit, hold, unhold
 
 __all__ = ["CudaEventWork", "release_dropped"]
 
@@ -89,7 +89,7 @@ class CudaEventWork(Work):
     def __del__(self) -> None:
         # _keep is cleared once the event was seen complete; until then the GPU may still use the arrays
         try:
-            event = _HELD.pop(id(self), self._event)
+            event = unhold(self, self._event)
             if self._keep is not None and not self._captured:
                 _DROPPED.append((event, self._keep, self._result))
         except Exception:  # pragma: no cover - at interpreter shutdown, when the module is gone already

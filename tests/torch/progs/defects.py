@@ -35,6 +35,15 @@ from common import args, init, save
 DROPPED_SIZES = (16, 1024, 65536)
 
 
+def _two_async_sums(n: int, rank: int) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """Start async SUMs of ``rank + 1`` into a tensor of ``n`` and into column 0 of an n x 2 tensor (non-contiguous:
+    copied back by a finishing step); return both tensors and the Works."""
+    t = torch.full((n,), rank + 1.0)
+    view = torch.zeros(n, 2)
+    view[:, 0] = rank + 1.0
+    return t, view, [dist.all_reduce(t, async_op=True), dist.all_reduce(view[:, 0], async_op=True)]
+
+
 def main() -> None:
     backend, out = args()
     rank, _ = init(backend)
@@ -64,19 +73,11 @@ def main() -> None:
 
     # before the expired wait below: after a timed-out wait gloo's later results are unreliable
     for n in DROPPED_SIZES:
-        t = torch.full((n,), rank + 1.0)
-        dist.all_reduce(t, async_op=True)  # the Work is dropped at once
-        view = torch.zeros(n, 2)
-        view[:, 0] = rank + 1.0
-        dist.all_reduce(view[:, 0], async_op=True)  # a non-contiguous output: copied back by a finishing step
+        t, view = _two_async_sums(n, rank)[:2]  # the Works are dropped at once
         dist.barrier()
         res[f"dropped_{n}"] = (t.clone(), view.clone())
         for how in ("barrier", "async-barrier", "async-barrier-polled"):  # held, not waited: gloo's barrier waits
-            t = torch.full((n,), rank + 1.0)
-            works = [dist.all_reduce(t, async_op=True)]
-            view = torch.zeros(n, 2)
-            view[:, 0] = rank + 1.0
-            works.append(dist.all_reduce(view[:, 0], async_op=True))
+            t, view, works = _two_async_sums(n, rank)
             if how == "barrier":
                 dist.barrier()
             elif how == "async-barrier":
