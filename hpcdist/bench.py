@@ -26,7 +26,9 @@ broadcast/reduce 1), so busbw compares across rank counts. Rank 0 prints one
 Markdown table per operation and rank count, and writes ``--csv`` /
 ``--plot`` (PNG; needs the ``plot`` extra, matplotlib). ``--table`` prints
 the shared-memory selection table's rows from the measured crossovers, to
-paste into ``hpcdist/backends/shm/table.py``.
+paste into ``hpcdist/backends/shm/table.py``; ``--table-file PATH`` writes
+them as a JSON file that ``HPCDIST_SHM_TABLE=PATH`` makes this machine's
+groups use instead of the built-in table.
 """
 
 from __future__ import annotations
@@ -424,28 +426,68 @@ def _ratio(by: dict[str, dict[str, Any]], variant: str) -> str:
     return f"{by['raw']['time_us'] / by[variant]['time_us']:.2f}x"
 
 
-def selection_rows(rows: list[dict[str, Any]]) -> str:
-    """The shared-memory table's rows: per op and ranks, the smallest size from which ``shm`` beats ``raw`` at every
-    measured size (else NEVER)."""
+def crossovers(rows: list[dict[str, Any]]) -> dict[str, dict[int, int | None]]:
+    """Per shared-memory op and ranks measured: the smallest size from which ``shm`` beats ``raw`` at every measured
+    size above it (None: not at the largest)."""
     from .backends.shm.table import OPS as SHM_OPS
 
-    lines = ["TABLE: dict[str, dict[int, tuple[int, int]]] = {"]
+    out: dict[str, dict[int, int | None]] = {}
     for op in [o for o in OPS if o in SHM_OPS]:
-        per: dict[int, str] = {}
         for k in sorted({r["ranks"] for r in rows if r["op"] == op}):
             t = {(r["bytes"], r["variant"]): r["time_us"] for r in rows if r["op"] == op and r["ranks"] == k}
-            sizes = sorted({b for b, _ in t})
             lo = None
-            for s in reversed(sizes):
+            for s in sorted({b for b, _ in t}, reverse=True):
                 if t.get((s, "shm"), np.inf) < t.get((s, "raw"), 0.0):
                     lo = s
                 else:
                     break
-            per[k] = "NEVER" if lo is None else f"({lo}, INF)"
-        if per:
-            lines.append(f"    {op!r}: {{" + ", ".join(f"{k}: {v}" for k, v in per.items()) + "},")
+            out.setdefault(op, {})[k] = lo
+    return out
+
+
+def selection_rows(rows: list[dict[str, Any]]) -> str:
+    """The shared-memory table's rows (Python, for ``hpcdist/backends/shm/table.py``) from :func:`crossovers`."""
+    lines = ["TABLE: dict[str, dict[int, tuple[int, int]]] = {"]
+    for op, per in crossovers(rows).items():
+        cells = ", ".join(f"{k}: {'NEVER' if lo is None else f'({lo}, INF)'}" for k, lo in per.items())
+        lines.append(f"    {op!r}: {{{cells}}},")
     lines.append("}")
     return "\n".join(lines)
+
+
+#: a measured tensor form's crossover also stands for its list form (the same data movement) in a table file
+_LIST_FORMS = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
+
+
+def table_file(rows: list[dict[str, Any]], machine: str) -> str:
+    """The JSON table of ``HPCDIST_SHM_TABLE`` (``--table-file``) from the measured crossovers."""
+    from .backends.shm import table
+
+    out: dict[str, dict[int, tuple[int, int]]] = {}
+    for op, per in crossovers(rows).items():
+        out[op] = {k: table.NEVER if lo is None else (lo, table.INF) for k, lo in per.items()}
+        if op in _LIST_FORMS and not any(r["op"] == _LIST_FORMS[op] for r in rows):
+            out[_LIST_FORMS[op]] = out[op]
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()) + " (written by hpcdist bench --table-file)"
+    return table.dumps(out, machine, date)
+
+
+def _machine() -> str:
+    """This machine in one line, for a table file: CPU model and count, OS, MPI library, NumPy."""
+    import platform
+
+    from mpi4py import MPI
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    return (
+        f"{socket.gethostname()}: {model}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
+        f"{MPI.Get_library_version().splitlines()[0].strip()}, NumPy {np.__version__}"
+    )
 
 
 def write_csv(rows: list[dict[str, Any]], path: str) -> None:
@@ -543,14 +585,16 @@ def _header() -> str:
     from mpi4py import MPI
 
     from ._version import __version__
-    from .backends.shm.table import DATE, MACHINE
+    from .backends.shm.table import active
 
+    sel = active()
     return (
         f"# hpcdist bench: hpcdist {__version__}, mpi4py {__import__('mpi4py').__version__}, "
         f"{MPI.Get_library_version().splitlines()[0].strip()}, NumPy {np.__version__}, Python "
         f"{platform.python_version()}\n# host {socket.gethostname()}, {os.cpu_count()} cpus, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {os.getloadavg()[0]:.1f}; "
-        f"HPCDIST_SHM={os.environ.get('HPCDIST_SHM', 'auto')}; selection table from: {MACHINE}, {DATE}"
+        f"HPCDIST_SHM={os.environ.get('HPCDIST_SHM', 'auto')}; selection table from: {sel.machine}, {sel.date}"
+        + ("" if sel.source == "built in" else f" ({sel.source})")
     )
 
 
@@ -572,6 +616,12 @@ def _outputs(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(format_tables(rows))
     if args.table:
         print("\n# measured crossovers for hpcdist/backends/shm/table.py\n" + selection_rows(rows))
+    if args.table_file:
+        machine = args.machine or (
+            _machine() if not args.from_csv else f"unknown (--from-csv {' '.join(args.from_csv)}; --machine names it)"
+        )
+        with open(args.table_file, "w") as f:
+            f.write(table_file(rows, machine))
     if args.csv:
         write_csv(rows, args.csv)
     if args.plot:
@@ -609,6 +659,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--csv", help="write every measurement to this CSV file")
     p.add_argument("--plot", help="write a PNG of bus bandwidth against size (needs matplotlib)")
     p.add_argument("--table", action="store_true", help="print the shared-memory selection table from the results")
+    p.add_argument(
+        "--table-file",
+        metavar="PATH",
+        help="write the shared-memory selection table from the results as JSON, for HPCDIST_SHM_TABLE=PATH",
+    )
+    p.add_argument(
+        "--machine", default="", help="the machine --table-file names (default: this host's CPU, OS, MPI, NumPy)"
+    )
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is no terminal")
     p.add_argument(
         "--from-csv",
@@ -672,6 +730,9 @@ def _check_args(args: argparse.Namespace) -> None:
     parse_ranks(args.ranks, launch[1] if launch else None)
     if args.plot and set(ops) == {"barrier"}:
         raise ValueError(f"--plot: barrier has no sizes to plot; add another operation to --ops, got {args.ops!r}")
+    from .backends.shm.table import active
+
+    active()  # a wrong HPCDIST_SHM_TABLE: said here, not by every group's first call
 
 
 def _check_launch(args: argparse.Namespace, world: Any) -> str | None:
@@ -692,7 +753,7 @@ def _check_launch(args: argparse.Namespace, world: Any) -> str | None:
 def _check_outputs(args: argparse.Namespace) -> str | None:
     """Why rank 0 could not write ``--csv`` / ``--plot`` after the sweep (a missing or read-only directory, a
     directory in the file's place, no matplotlib), or None."""
-    for flag, path in (("--csv", args.csv), ("--plot", args.plot)):
+    for flag, path in (("--csv", args.csv), ("--plot", args.plot), ("--table-file", args.table_file)):
         if not path:
             continue
         folder = os.path.dirname(os.path.abspath(path))

@@ -62,6 +62,10 @@ Knobs are read when asked for (never at import time), so a program may set
                                  ``1`` (shared memory always), ``0`` (MPI)
 ``HPCDIST_SHM_SLOT``             bytes per rank and pipeline stage of the
                                  shared-memory segment (default 1 MiB)
+``HPCDIST_SHM_TABLE``            a selection table measured on this
+                                 machine (the JSON file of ``hpcdist bench
+                                 --table-file``) replacing the built-in
+                                 one's rows, per operation
 ``HPCDIST_RUN_WARDEN``           ``1`` (default): under ``hpcdist run`` each
                                  rank runs under a small parent process that
                                  reports a rank killed by a signal or leaving
@@ -109,6 +113,7 @@ __all__ = [
     "shm_direct",
     "shm_mode",
     "shm_slot_bytes",
+    "shm_table_path",
     "wait_mode",
 ]
 
@@ -137,6 +142,8 @@ KNOBS: dict[str, str] = {
     "HPCDIST_SHM_DIRECT": "1: node-local collectives read peers' arrays directly (process_vm_readv) where the OS "
     "allows it; 0 (default): through the shared-memory segment (docs/performance.md)",
     "HPCDIST_SHM_SLOT": "bytes per rank and pipeline stage of the shared-memory segment (1048576)",
+    "HPCDIST_SHM_TABLE": "a selection table file from hpcdist bench --table-file, used instead of the built-in "
+    "table's rows (docs/performance.md)",
     "HPCDIST_RUN_WARDEN": "1 (default): under hpcdist run a parent process per rank reports a rank killed by a "
     "signal or leaving through os._exit; 0: off",
     "HPCDIST_KEEPALIVE": "seconds after which the peer of an idle store or liveness connection that answers no TCP "
@@ -386,6 +393,19 @@ def shm_slot_bytes() -> int:
     return value
 
 
+def shm_table_path() -> str | None:
+    """The selection table file of ``HPCDIST_SHM_TABLE`` (None: unset or empty, the built-in table);
+    :func:`hpcdist.backends.shm.table.active` reads it."""
+    path = os.environ.get("HPCDIST_SHM_TABLE", "").strip()
+    return path or None
+
+
+def _shm_table() -> Any:
+    from .backends.shm import table
+
+    return table.active()
+
+
 def keepalive_seconds() -> int:
     """Seconds after which an idle TCP peer of hpcdist's own connections (store, liveness) that answers no keepalive
     probe is taken for dead (``HPCDIST_KEEPALIVE``; 0: no probes): :func:`hpcdist._descriptors.keepalive`."""
@@ -426,6 +446,7 @@ READERS: dict[str, Any] = {
     "HPCDIST_SHM": shm_mode,
     "HPCDIST_SHM_DIRECT": shm_direct,
     "HPCDIST_SHM_SLOT": shm_slot_bytes,
+    "HPCDIST_SHM_TABLE": _shm_table,
     "HPCDIST_MPI_TUNE": _mpi_tune,
     "HPCDIST_KEEPALIVE": keepalive_seconds,
     "HPCDIST_RUN_WARDEN": run_warden,

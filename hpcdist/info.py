@@ -271,8 +271,15 @@ def _shared_memory() -> dict[str, Any]:
         if mode != "off"
         else "allocations work; every collective takes MPI (HPCDIST_SHM=0)"
     )
-    out["table"] = f"{table.MACHINE}; {table.DATE}"
-    out["paths"] = {op: "; ".join(f"{k} ranks: {table.describe(op, k, mode)}" for k in (2, 4)) for op in table.OPS}
+    try:
+        sel = table.active() if mode == "auto" else table.BUILTIN
+    except ValueError as exc:
+        out["table"] = f"{exc}; groups built now raise this"
+        return out
+    out["table"] = f"{sel.machine}; {sel.date}" + ("" if sel is table.BUILTIN else f" (HPCDIST_SHM_TABLE={sel.source})")
+    out["paths"] = {
+        op: "; ".join(f"{k} ranks: {table.describe(op, k, mode, rows=sel.rows)}" for k in (2, 4)) for op in table.OPS
+    }
     if mode == "auto":
         out["oversubscribed"] = "more ranks on a node than its CPUs: shm for every operation at every size"
     return out

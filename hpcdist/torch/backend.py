@@ -344,7 +344,7 @@ class HpcdistProcessGroup(dist.ProcessGroup):
 
             eng = self._hpg.engine("cpu")
             if isinstance(eng, ShmEngine):
-                window = table.window("all_reduce", self._hpg._size, eng.mode, oversubscribed=False)
+                window = table.window("all_reduce", self._hpg._size, eng.mode, False, eng.selection.rows)
             else:
                 window = table.ALWAYS
             self._engine_window = window

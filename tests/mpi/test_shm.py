@@ -404,3 +404,89 @@ def test_slot_sizes_that_differ_between_ranks_raise_on_every_rank():
         dist.destroy_process_group(g)
     dist.barrier()
     assert not [p for p in glob.glob("/dev/shm/hpcdist-*") if f"-{os.getpid()}-" in p]
+
+
+@contextlib.contextmanager
+def table_group(rows: dict, tmp_path, name: str = "table.json"):
+    """A new group (collective) whose engine was built with ``HPCDIST_SHM=auto`` and ``HPCDIST_SHM_TABLE`` naming
+    a file of ``rows`` (each rank writes its own), on a node taken as not oversubscribed (where it is, every
+    operation takes shared memory whatever the table says: a rule of its own, tested in test_shm_units)."""
+    from hpcdist.backends.shm import engine as shm_engine
+    from hpcdist.backends.shm import table
+
+    path = tmp_path / name
+    path.write_text(table.dumps(rows, "test rows", "now"))
+    real = shm_engine.oversubscribed_node
+    shm_engine.oversubscribed_node = lambda: False
+    try:
+        with knobs_set({"HPCDIST_SHM": "auto", "HPCDIST_SHM_TABLE": str(path)}):
+            g = dist.new_group()
+            g.engine("cpu")
+    finally:
+        shm_engine.oversubscribed_node = real
+    try:
+        yield g, str(path)
+    finally:
+        dist.destroy_process_group(g)
+
+
+def test_a_table_file_decides_which_calls_take_shared_memory(tmp_path):
+    """HPCDIST_SHM_TABLE's window for all_reduce (64 B to 4 KiB here) is where the segment runs: a call inside
+    begins an operation on the segment, one outside does not, and every one gives NumPy's sum; an operation the
+    file lacks keeps the built-in row."""
+    from hpcdist.backends.shm import table
+
+    n = dist.get_world_size()
+    if n < 2:
+        pytest.skip("needs two ranks: one rank has nothing to share")
+    rows = {"all_reduce": {2: (64, 4096)}}
+    with table_group(rows, tmp_path) as (g, path):
+        eng = g.engine("cpu")
+        assert isinstance(eng, ShmEngine) and eng.selection.source == path
+        assert eng.windows["all_reduce"] == (64, 4096)  # the file's row, for any group size (the largest listed)
+        assert eng.windows["broadcast"] == table.window("broadcast", n, "auto", False, table.TABLE)
+        dist.barrier(group=g)
+        for count, where in ((8, "mpi"), (16, "shm"), (1023, "shm"), (1024, "mpi"), (5000, "mpi")):  # float32
+            x = np.arange(count, dtype=np.float32) + me()
+            seg = eng._seg
+            before = seg.seq if seg else 0
+            dist.all_reduce(x, group=g)
+            seg = eng._seg
+            after = seg.seq if seg else 0
+            assert np.array_equal(x, n * np.arange(count, dtype=np.float32) + n * (n - 1) / 2), count
+            assert ("shm" if after > before else "mpi") == where == eng.path("all_reduce", 4 * count), count
+
+
+def test_table_files_that_differ_between_ranks_raise_on_every_rank(tmp_path):
+    """Ranks of a node that read different tables would take different paths for one call (a timeout, or garbage):
+    they compare their choices when the segment is set up, and every rank raises the same DistError naming the
+    variables; nothing moved, no file is left, and the next call fails alike."""
+    import glob
+
+    from hpcdist.backends.shm import table
+    from hpcdist.errors import DistError
+
+    if dist.get_world_size() < 2:
+        pytest.skip("needs two ranks")
+    rows = {"all_reduce": {2: table.ALWAYS if me() == 0 else (0, 1 << 20)}}
+    with table_group(rows, tmp_path) as (g, _):
+        x = np.ones(1000)  # 8000 B: shared memory by either table
+        for _ in range(2):
+            with pytest.raises(DistError, match=r"disagree on which operations take shared memory.*HPCDIST_SHM_TABLE"):
+                dist.all_reduce(x, group=g)
+        assert np.all(x == 1.0)
+    dist.barrier()
+    assert not [p for p in glob.glob("/dev/shm/hpcdist-*") if f"-{os.getpid()}-" in p]
+
+
+def test_table_files_alike_in_content_agree(tmp_path):
+    """The comparison is of the choices, not of the files: each rank's own file with the same rows works."""
+    from hpcdist.backends.shm import table
+
+    n = dist.get_world_size()
+    if n < 2:
+        pytest.skip("needs two ranks")
+    with table_group({"all_reduce": {2: table.ALWAYS}}, tmp_path, f"rank{me()}.json") as (g, _):
+        x = np.full(1000, float(me()))
+        dist.all_reduce(x, group=g)
+        assert np.all(x == n * (n - 1) / 2) and g.engine("cpu")._seg.seq > 0

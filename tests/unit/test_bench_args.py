@@ -109,7 +109,7 @@ def test_rows_report_the_bytes_that_moved(op, nbytes, n, moved):
 
 
 def _args(**kw):
-    return argparse.Namespace(**{"csv": None, "plot": None, **kw})
+    return argparse.Namespace(**{"csv": None, "plot": None, "table_file": None, **kw})
 
 
 def test_outputs_checked_before_the_sweep(tmp_path):

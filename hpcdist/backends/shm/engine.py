@@ -35,6 +35,7 @@ group's segment is unusable afterwards.
 
 from __future__ import annotations
 
+import zlib
 from itertools import pairwise
 from typing import Any
 
@@ -44,7 +45,7 @@ from ... import config
 from ..._world import WORLD
 from ...buffers.adapters import Buf, apart
 from ...buffers.dtypes import HALF_DTYPES
-from ...errors import DistTimeoutError, describe_op
+from ...errors import DistError, DistTimeoutError, describe_op
 from ...ops import RedOpType, ResolvedOp
 from ...work import Work, completed_work
 from ..mpi import MPIEngine
@@ -152,7 +153,10 @@ class ShmEngine(MPIEngine):
         # all_to_all's 2 counts per rank, int64)
         self.slot_bytes = max(slot_bytes or config.shm_slot_bytes(), -(-16 * pg._size // 64) * 64)
         self.oversubscribed = oversubscribed_node()
-        self.windows = {op: table.window(op, pg._size, mode, self.oversubscribed) for op in table.OPS}
+        #: the selection table (HPCDIST_SHM_TABLE's file, else the built-in one; read only where it applies)
+        self.selection = table.active() if mode == "auto" else table.BUILTIN
+        rows = self.selection.rows
+        self.windows = {op: table.window(op, pg._size, mode, self.oversubscribed, rows) for op in table.OPS}
         self._ar_lo, self._ar_hi = self.windows["all_reduce"]
         # smaller blocking calls take MPIEngine's fast path untouched
         self.fast_all_reduce_below = min(self.fast_all_reduce_below, self.lane_below("all_reduce"))
@@ -230,8 +234,27 @@ class ShmEngine(MPIEngine):
             return False
         seg = Segment(pg._comm, self.slot_bytes, pg._timeout_s, (op, pg), _OP_NAMES)
         seg.kind_name = _kind_name
+        try:
+            self._agree(seg)
+        except BaseException:
+            seg.free()
+            raise
         self._rd = cma.probe(seg, self.direct_allowed)
         return seg
+
+    def _agree(self, seg: Segment) -> None:
+        """Collective over ``seg``'s ranks (one sync): every rank chose the same path per operation and size, or
+        the same DistError on every rank (ranks reading different HPCDIST_SHM / HPCDIST_SHM_TABLE settings would
+        take different paths for one call: a wait that times out, or garbage)."""
+        mine = zlib.crc32(repr(sorted(self.windows.items())).encode())
+        everyone = [w[0] for w in seg.exchange([mine])]
+        other = next((r for r, d in enumerate(everyone) if d != mine), None)
+        if other is not None:
+            raise DistError(
+                f"{describe_op(seg.what)}: the ranks of this node disagree on which operations take "
+                f"shared memory (rank {seg.rank}: HPCDIST_SHM={self.mode}, table {self.selection.source}; rank "
+                f"{other} chose otherwise): HPCDIST_SHM and HPCDIST_SHM_TABLE must be the same on every rank of a node"
+            )
 
     def close(self) -> None:
         """Unmap the segment (local: no message, at group destruction)."""

@@ -12,6 +12,15 @@ every size, ``HPCDIST_SHM=0`` never.
 Regenerate with ``hpcdist bench --table`` on the target machine (it prints
 this table's rows from the measured crossovers) and paste them here.
 
+**A table of one's own machine.** ``hpcdist bench --table-file PATH`` writes
+the measured crossovers to a JSON file (:func:`dumps`); ``HPCDIST_SHM_TABLE=PATH``
+makes every group's engine take its rows instead of the built-in ones, per
+operation (an operation the file lacks keeps its built-in rows). The file is
+read when a group's host engine is built (:func:`active`), checked whole, and
+a wrong one raises ValueError naming the variable, the file and what is
+wrong. Every rank of a node must name the same file: the ranks compare their
+selections when their segment is set up and raise alike where they differ.
+
 **Oversubscribed nodes.** Where more ranks share the node than it has CPUs,
 the table does not apply: MPI's waits spin, and the spinning ranks take the
 CPUs from the ones with work (on the 2-CPU machine below, 4 ranks: a 64 KiB
@@ -22,7 +31,14 @@ path at every size (:func:`window`'s ``oversubscribed``).
 
 from __future__ import annotations
 
-__all__ = ["DATE", "MACHINE", "NEVER", "OPS", "TABLE", "describe", "window"]
+import json
+import os
+from typing import Any, NamedTuple
+
+__all__ = [
+    "BUILTIN", "DATE", "FORMAT", "MACHINE", "NEVER", "OPS", "TABLE", "Selection", "active", "describe", "dumps", "load",
+    "window",
+]  # fmt: skip
 
 INF = 1 << 62
 NEVER = (INF, INF)
@@ -67,11 +83,133 @@ TABLE: dict[str, dict[int, tuple[int, int]]] = {
 }
 
 
-def window(op: str, nranks: int, mode: str = "auto", oversubscribed: bool = False) -> tuple[int, int]:
+Rows = dict[str, dict[int, tuple[int, int]]]
+
+
+class Selection(NamedTuple):
+    """A selection table: its rows (``op -> {group size: (lo, hi)}``), the machine and date it was measured on,
+    and where it came from (``"built in"`` or a file's path)."""
+
+    rows: Rows
+    machine: str
+    date: str
+    source: str
+
+
+BUILTIN = Selection(TABLE, MACHINE, DATE, "built in")
+
+#: the ``format`` of a table file (``hpcdist bench --table-file``)
+FORMAT = "hpcdist-shm-table/1"
+
+#: path -> ((mtime_ns, size), the file's Selection): a file is parsed once per change, not per group
+_LOADED: dict[str, tuple[tuple[int, int], Selection]] = {}
+
+
+def active() -> Selection:
+    """The table that groups built now use: ``HPCDIST_SHM_TABLE``'s file (read once per change of it), else
+    :data:`BUILTIN`. ValueError (naming the variable and the file) for a file that is missing or wrong."""
+    from ... import config
+
+    path = config.shm_table_path()
+    if path is None:
+        return BUILTIN
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ValueError(
+            f"environment variable HPCDIST_SHM_TABLE must name a table file written by hpcdist bench --table-file, "
+            f"got {path!r}: {exc.strerror or exc}"
+        ) from None
+    stamp = (st.st_mtime_ns, st.st_size)
+    hit = _LOADED.get(path)
+    if hit is None or hit[0] != stamp:
+        hit = _LOADED[path] = (stamp, load(path))
+    return hit[1]
+
+
+def load(path: str) -> Selection:
+    """The selection table in the JSON file ``path`` (:func:`dumps`' format), its operations' rows replacing the
+    built-in ones. ValueError naming ``HPCDIST_SHM_TABLE``, the file and the first thing wrong in it."""
+
+    def bad(what: str) -> ValueError:
+        return ValueError(f"HPCDIST_SHM_TABLE={path!r}: {what}")
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as exc:
+        raise bad(f"cannot read it: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad(
+            f"expected a JSON table written by hpcdist bench --table-file, got a file that is not JSON ({exc})"
+        ) from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise bad(f"expected a table of format {FORMAT!r} (hpcdist bench --table-file), got format {got!r}")
+    machine, date, ops = doc.get("machine"), doc.get("date", ""), doc.get("ops")
+    if not isinstance(machine, str) or not machine.strip():
+        raise bad(f"expected 'machine': the machine it was measured on, as text, got {machine!r}")
+    if not isinstance(date, str):
+        raise bad(f"expected 'date' as text, got {date!r}")
+    if not isinstance(ops, dict) or not ops:
+        raise bad(f"expected 'ops': an object of operation -> rows, got {ops!r}")
+    rows: Rows = dict(TABLE)
+    for op, per in ops.items():
+        if op not in OPS:
+            raise bad(f"expected operations among {', '.join(OPS)}, got {op!r}")
+        if not isinstance(per, dict) or not per:
+            raise bad(f"{op}: expected an object of group size -> range, got {per!r}")
+        rows[op] = {_group_size(k, op, bad): _range(v, op, k, bad) for k, v in per.items()}
+    return Selection(rows, machine.strip(), date, path)
+
+
+def _group_size(key: str, op: str, bad: Any) -> int:
+    if not (key.isdigit() and int(key) >= 2):
+        raise bad(f"{op}: expected group sizes of 2 or more, got {key!r}")
+    return int(key)
+
+
+def _range(value: Any, op: str, key: str, bad: Any) -> tuple[int, int]:
+    """``"never"``, ``"always"`` or ``[lo, hi]`` (``hi`` null: no end) -> ``(lo, hi)`` bytes."""
+    if value == "never":
+        return NEVER
+    if value == "always":
+        return ALWAYS
+    if isinstance(value, list) and len(value) == 2:
+        lo, hi = value[0], INF if value[1] is None else value[1]
+        if all(type(x) is int for x in (lo, hi)) and 0 <= lo <= hi:
+            return (lo, hi)
+    raise bad(
+        f'{op}, {key} ranks: expected "never", "always" or [lo, hi] bytes (0 <= lo <= hi, hi null for no end), '
+        f"got {json.dumps(value)}"
+    )
+
+
+def dumps(rows: Rows, machine: str, date: str) -> str:
+    """A table file (JSON, :data:`FORMAT`) of ``rows`` for ``HPCDIST_SHM_TABLE``."""
+
+    def one(r: tuple[int, int]) -> Any:
+        if r == NEVER or r[0] >= r[1]:
+            return "never"
+        return "always" if r == ALWAYS else [r[0], None if r[1] >= INF else r[1]]
+
+    head = {"format": FORMAT, "machine": machine, "date": date}
+    lines = [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+    ops = [
+        f"  {json.dumps(op)}: {json.dumps({str(k): one(v) for k, v in sorted(per.items())})}"
+        for op, per in rows.items()
+    ]
+    return "{\n" + "\n".join(lines) + '\n "ops": {\n' + ",\n".join(ops) + "\n }\n}\n"  # an op per line
+
+
+def window(
+    op: str, nranks: int, mode: str = "auto", oversubscribed: bool = False, rows: Rows | None = None
+) -> tuple[int, int]:
     """The ``[lo, hi)`` byte range in which ``op`` on ``nranks`` ranks takes the shared-memory path.
 
     ``mode``: ``auto`` (the table), ``on`` (always) or ``off`` (never);
-    ``oversubscribed``: the node has more ranks than CPUs (always, in ``auto``).
+    ``oversubscribed``: the node has more ranks than CPUs (always, in ``auto``);
+    ``rows``: the table's (default: the built-in :data:`TABLE`).
     """
     if mode == "on":
         return ALWAYS
@@ -79,14 +217,14 @@ def window(op: str, nranks: int, mode: str = "auto", oversubscribed: bool = Fals
         return NEVER
     if oversubscribed and op in OPS:
         return ALWAYS
-    rows = TABLE.get(op)
-    if not rows:
+    per = (TABLE if rows is None else rows).get(op)
+    if not per:
         return NEVER
-    sizes = sorted(rows)
+    sizes = sorted(per)
     for s in sizes:
         if s >= nranks:
-            return rows[s]
-    return rows[sizes[-1]]
+            return per[s]
+    return per[sizes[-1]]
 
 
 def _size(n: int) -> str:
@@ -96,9 +234,9 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def describe(op: str, nranks: int, mode: str = "auto", oversubscribed: bool = False) -> str:
+def describe(op: str, nranks: int, mode: str = "auto", oversubscribed: bool = False, rows: Rows | None = None) -> str:
     """Which path ``op`` takes on ``nranks`` ranks of one node, in words (for ``hpcdist info``)."""
-    lo, hi = window(op, nranks, mode, oversubscribed)
+    lo, hi = window(op, nranks, mode, oversubscribed, rows)
     if lo >= hi:
         return "mpi"
     parts = []
