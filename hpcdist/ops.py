@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RedOpType", "ReduceOp", "reduce_op", "resolve_op", "supports_complex", "ResolvedOp"]
+__all__ = ["BITS_ONLY", "RedOpType", "ReduceOp", "ResolvedOp", "reduce_op", "resolve_op", "supports_complex"]
 
 
 class RedOpType(enum.IntEnum):
@@ -205,6 +205,23 @@ _INT_RANGE: dict[str, tuple[int, int]] = {}
 NUMBERS = (bool, int, float, complex, np.number, numbers.Number)
 
 
+#: torch dtypes without a NumPy dtype that hpcdist moves as their bits (a view of their memory as unsigned integers
+#: of their size) but never reduces: no arithmetic of theirs runs here (reductions raise ValueError, naming the
+#: conversion to reduce instead). gloo moves them only point to point (its collectives refuse them: "Invalid
+#: scalar type"), except complex32, which torch.distributed hands gloo as float16 pairs.
+BITS_ONLY = frozenset(
+    {
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+        "float4_e2m1fn_x2",
+        "complex32",
+    }
+)
+
+
 def resolve_op(op: Any, dtype: str, argname: str = "op") -> ResolvedOp:
     """Check ``op`` against the logical dtype name; return how to run it.
 
@@ -236,6 +253,12 @@ def resolve_op(op: Any, dtype: str, argname: str = "op") -> ResolvedOp:
         raise ValueError(f"{argname}=ReduceOp.PREMUL_SUM needs a factor: use ReduceOp.PREMUL_SUM(factor)")
     if kind is RedOpType.UNUSED:
         raise ValueError(f"{argname}=ReduceOp.UNUSED is not a reduction")
+    if dtype in BITS_ONLY:
+        convert = "torch.view_as_real(tensor), float16 pairs" if dtype == "complex32" else "tensor.float()"
+        raise ValueError(
+            f"{argname}=ReduceOp.{kind.name} cannot reduce {dtype}: hpcdist moves {dtype} tensors as their bits only "
+            f"(send/recv, broadcast, gathers, scatters, all_to_all); reduce a converted copy ({convert}) instead"
+        )
     floating = dtype.startswith(("float", "bfloat", "complex"))
     if kind in _BITWISE and floating:
         raise ValueError(

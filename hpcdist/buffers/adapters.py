@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import EXPECTED, dtype_info, supported
+from .dtypes import BITS_ONLY, EXPECTED, dtype_info, supported
 
 __all__ = [
     "TORCH_DEVICE_ADAPTERS",
@@ -329,14 +329,16 @@ def _torch(obj: Any, argname: str, write: bool) -> Buf:
     try:  # a view of the tensor's own memory, whatever its strides (torch's strides are never negative)
         contiguous = t.is_contiguous()
         arr = t.view(torch.int16).numpy().view(np.uint16) if tdtype is torch.bfloat16 else t.numpy()
-    except TypeError:  # torch has no NumPy dtype for it: complex32, float8, quantized, ...
-        raise TypeError(f"{argname} has dtype {tdtype}, which hpcdist cannot communicate; {_EXPECTED}") from None
+    except TypeError:  # torch has no NumPy dtype for it: float8, complex32 (moved as bits), quantized, ...
+        arr = _bits(t, tdtype, argname)
     except RuntimeError:  # a tensor whose memory torch does not hand out: nested, or a subclass such as DTensor
         raise TypeError(_opaque_message(t, argname)) from None
     dtype = _TORCH_DTYPE_NAMES.get(tdtype)
     if dtype is None:  # first tensor of this dtype: check it once (NumPy's dtype.name costs µs per call)
         if tdtype is torch.bfloat16:
             dtype = "bfloat16"
+        elif arr.dtype.kind == "u" and str(tdtype).removeprefix("torch.") in BITS_ONLY:
+            dtype = str(tdtype).removeprefix("torch.")
         else:
             _check_dtype(arr, argname)
             dtype = arr.dtype.name
@@ -346,6 +348,22 @@ def _torch(obj: Any, argname: str, write: bool) -> Buf:
     # a strided view: MPI moves a contiguous copy, written back through NumPy (torch's copy_ refused inference
     # tensors outside inference mode, after the data had moved)
     return _host_buf(arr, obj, argname, write, dtype)
+
+
+#: a tensor's element size -> the signed torch dtype its bits are viewed as (torch has no uint16-64 views on every
+#: version) and the NumPy dtype they travel as
+_BITS_VIEW = {1: ("int8", np.uint8), 2: ("int16", np.uint16), 4: ("int32", np.uint32), 8: ("int64", np.uint64)}
+
+
+def _bits(t: Any, tdtype: Any, argname: str) -> np.ndarray:
+    """A NumPy view of the bits of a tensor of a dtype hpcdist moves but never reduces (:data:`BITS_ONLY`),
+    as unsigned integers of its element size; TypeError naming ``argname`` for any other dtype NumPy lacks."""
+    name = str(tdtype).removeprefix("torch.")
+    view = _BITS_VIEW.get(t.element_size()) if name in BITS_ONLY else None
+    if view is None:
+        raise TypeError(f"{argname} has dtype {tdtype}, which hpcdist cannot communicate; {_EXPECTED}") from None
+    torch = sys.modules["torch"]
+    return t.view(getattr(torch, view[0])).numpy().view(view[1])  # type: ignore[no-any-return]
 
 
 def _device_message(obj: Any, argname: str) -> str:

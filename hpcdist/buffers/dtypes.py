@@ -12,13 +12,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EXPECTED", "HALF_DTYPES", "dtype_info", "mpi_datatype", "supported"]
+from ..ops import BITS_ONLY
+
+__all__ = ["BITS_ONLY", "EXPECTED", "HALF_DTYPES", "dtype_info", "mpi_datatype", "supported"]
 
 #: the host dtypes hpcdist communicates, as errors name them
-EXPECTED = "bool, (u)int8-64, float16/32/64, longdouble, bfloat16 or complex64/128"
+EXPECTED = (
+    "bool, (u)int8-64, float16/32/64, longdouble, bfloat16 or complex64/128 (and torch's float8, float4_e2m1fn_x2 "
+    "and complex32 CPU tensors, moved but not reduced)"
+)
 
 #: logical dtypes that MPI cannot reduce natively
 HALF_DTYPES = frozenset({"float16", "bfloat16"})
+
 
 _TABLE: dict[np.dtype, Any] = {}
 

@@ -7,10 +7,13 @@ gloo supports (SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR) plus AVG and
 PREMUL_SUM works; bitwise ops need integer or bool tensors, MIN/MAX/PRODUCT
 and bitwise ops are undefined on complex tensors.
 
-Dtypes: bool, uint8, int8, int16, int32, int64, float16, bfloat16,
-float32, float64, complex64, complex128 (gloo's plus float16/bfloat16 and
-complex). Anything else raises TypeError naming the operation, the dtype and
-the list above, before any message moves.
+Dtypes: bool, uint8-64, int8-64, float16, bfloat16, float32, float64,
+complex64, complex128 (gloo's plus uint16-64, float16/bfloat16 and complex),
+and, moved but never reduced, the float8 dtypes, float4_e2m1fn_x2 and
+complex32 (their bits travel: every operation but the reductions, which raise
+ValueError; gloo moves the float8 dtypes point to point only). Anything else
+raises TypeError naming the operation, the dtype and the list above, before
+any message moves.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..ops import RedOpType, ResolvedOp, resolve_op
+from ..ops import BITS_ONLY, RedOpType, ResolvedOp, resolve_op
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -35,6 +38,9 @@ __all__ = [
 SUPPORTED_DTYPES = (
     torch.bool,
     torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
     torch.int8,
     torch.int16,
     torch.int32,
@@ -45,6 +51,7 @@ SUPPORTED_DTYPES = (
     torch.float64,
     torch.complex64,
     torch.complex128,
+    *(d for d in (getattr(torch, name, None) for name in sorted(BITS_ONLY)) if d is not None),
 )
 _OK = frozenset(SUPPORTED_DTYPES)
 _NAMES = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
@@ -131,8 +138,9 @@ def reduce_op(opname: str, op: Any, dtype: Any) -> Any:
     except (ValueError, TypeError) as exc:
         raise BackendValueError(
             f"hpcdist backend: {opname} with ReduceOp.{RedOpType(value).name} on dtype {dtype}: {exc}. "
-            "Supported: SUM, AVG, PREMUL_SUM on every dtype but bool (AVG/PREMUL_SUM; whole factors on integers); MIN, MAX, PRODUCT on "
-            "real dtypes; BAND, BOR, BXOR on integer and bool dtypes"
+            "Supported: SUM, AVG, PREMUL_SUM on every dtype but bool (AVG/PREMUL_SUM; whole factors on integers); "
+            "MIN, MAX, PRODUCT on real dtypes; BAND, BOR, BXOR on integer and bool dtypes; none on float8, float4 and "
+            "complex32 (moved, not reduced)"
         ) from None
     del checked
     if value != RedOpType.PREMUL_SUM:

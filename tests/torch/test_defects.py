@@ -74,6 +74,50 @@ def test_a_barrier_does_not_wait_for_a_receive_whose_send_comes_after_it(runs):
         assert torch.equal(runs[backend][0]["p2p_across_barrier"], torch.arange(4.0)), backend
 
 
+def _bytes(name: str, rank: int, count: int = 6) -> torch.Tensor:
+    """The bytes rank ``rank`` drew for ``count`` elements of ``name`` (progs/defects.py's seeds)."""
+    size = torch.empty(0, dtype=getattr(torch, name)).element_size()
+    return torch.randint(0, 256, (count * size,), dtype=torch.uint8, generator=torch.Generator().manual_seed(rank))
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2", "uint16", "uint32", "uint64"])
+def test_dtypes_numpy_lacks_and_unsigned_ones_move(runs, name):
+    """Every data-movement call carries the bytes each rank drew, in the order gloo's p2p and the API define;
+    point to point agrees with gloo's (which refuses these dtypes in its collectives, as docs/torch.md says)."""
+    for r in range(N):
+        got = runs["hpcdist"][r]["dtypes"]
+        assert torch.equal(got[name, "broadcast"], _bytes(name, 1)), r
+        assert torch.equal(got[name, "all_gather_into_tensor"], torch.cat([_bytes(name, q) for q in range(N)])), r
+        size = _bytes(name, 0, 1).numel()  # bytes per element
+        want = torch.cat([_bytes(name, q, 2 * N)[2 * r * size : 2 * (r + 1) * size] for q in range(N)])
+        assert torch.equal(got[name, "all_to_all_single"], want), r
+        assert torch.equal(got[name, "isend/irecv"], _bytes(name, (r - 1) % N)), r
+        assert torch.equal(runs["gloo"][r]["dtypes"][name, "isend/irecv"], got[name, "isend/irecv"]), r
+        assert got["after"] == [float(N)] * 2
+    gloo = runs["gloo"][0]["dtypes"][name, "broadcast"]
+    assert isinstance(gloo, tuple) and "Invalid scalar type" in gloo[2], gloo
+
+
+@pytest.mark.parametrize("name", ["uint16", "uint32", "uint64"])
+def test_unsigned_reductions_wrap_and_order_as_unsigned(runs, name):
+    bits = {"uint16": 16, "uint32": 32, "uint64": 64}[name]
+    base = 2 ** (bits - 1)
+    for r in range(N):
+        got = runs["hpcdist"][r]["dtypes"]
+        assert got[name, "SUM"] == [N * (N + 1) // 2, (N * base + N * (N - 1) // 2) % 2**bits], r
+        assert got[name, "MAX"] == [N, base + N - 1], r
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2"])
+@pytest.mark.parametrize("op", ["SUM", "MAX"])
+def test_bits_only_dtypes_are_not_reduced(runs, name, op):
+    """A RuntimeError (as gloo's refusal) and a ValueError, naming the dtype and the conversion, on every rank."""
+    for r in range(N):
+        kind, is_runtime, msg = runs["hpcdist"][r]["dtypes"][name, op]
+        assert kind == "BackendValueError" and is_runtime, (r, kind)
+        assert f"cannot reduce {name}" in msg and "tensor.float()" in msg, msg
+
+
 @pytest.mark.parametrize("debug", ["HPCDIST_DEBUG", "TORCH_DISTRIBUTED_DEBUG"])
 def test_detail_refuses_all_reduces_of_different_sizes_or_dtypes(tmp_path, debug):
     """Every rank raises naming what each called, for blocking and async calls; the next all_reduce matches."""

@@ -15,6 +15,10 @@
   hpcdist barrier, which did not finish the group's dropped operations as the blocking one does.
 * ``p2p_across_barrier``: rank 0 keeps an ``irecv`` whose send rank 1 makes only once rank 0 is past the
   barrier; a barrier that waited for it would never return (gloo's leaves point-to-point work out, hpcdist's too).
+* ``dtypes``: tensors of dtypes NumPy lacks (float8, float4_e2m1fn_x2) and torch's unsigned uint16-64: the
+  backend refused every call on them ("tensors has dtype torch.uint16 ..."), point to point too, where gloo
+  moves them (its collectives refuse them). Each call's outcome is recorded: the bytes, the values, or the
+  exception.
 * ``held``: the same with the Works kept (and waited only after the barrier), blocking and async barrier: gloo's
   barrier waits for them (a program of only these calls gives the sums on gloo; here, after DDP under Join,
   gloo's were partial); hpcdist's outputs held nothing at 64 Ki elements.
@@ -105,6 +109,8 @@ def main() -> None:
             dist.send(torch.arange(4.0), dst=0)
     res["p2p_across_barrier"] = got.clone()
 
+    res["dtypes"] = _dtypes(rank, dist.get_world_size())
+
     t = torch.ones(3)
     if rank == 0:
         w = dist.all_reduce(t, async_op=True)
@@ -122,6 +128,77 @@ def main() -> None:
     save(out, "defects", res)
     dist.barrier()
     dist.destroy_process_group()
+
+
+#: dtypes moved as bits (tests/mpi/test_bits_dtypes.py covers the facade) and torch's unsigned ones
+BITS = ("float8_e4m3fn", "float8_e5m2", "float4_e2m1fn_x2")
+UNSIGNED = ("uint16", "uint32", "uint64")
+
+
+def drawn(name: str, rank: int, count: int = 6) -> torch.Tensor:
+    """``count`` elements of dtype ``name`` made of bytes drawn from a generator seeded by ``rank``."""
+    dt = getattr(torch, name)
+    size = torch.empty(0, dtype=dt).element_size()
+    gen = torch.Generator().manual_seed(rank)
+    return torch.randint(0, 256, (count * size,), dtype=torch.uint8, generator=gen).view(dt)
+
+
+def _outcome(call) -> object:
+    """What ``call()`` returned as bytes (a uint8 tensor) or values (a list), or (exception type, RuntimeError?,
+    message) when it raised."""
+    try:
+        return call()
+    except Exception as e:  # gloo refuses these dtypes in its collectives ("Invalid scalar type")
+        return (type(e).__name__, isinstance(e, RuntimeError), str(e))
+
+
+def _dtypes(rank: int, n: int) -> dict:
+    out: dict = {}
+    for name in BITS + UNSIGNED:
+        dt = getattr(torch, name)
+
+        def bcast(name=name):
+            t = drawn(name, rank)
+            dist.broadcast(t, src=1)
+            return t.view(torch.uint8).clone()
+
+        def gather(name=name, dt=dt):
+            o = torch.empty(6 * n, dtype=dt)
+            dist.all_gather_into_tensor(o, drawn(name, rank))
+            return o.view(torch.uint8).clone()
+
+        def a2a(name=name, dt=dt):
+            o = torch.empty(2 * n, dtype=dt)
+            dist.all_to_all_single(o, drawn(name, rank, 2 * n))
+            return o.view(torch.uint8).clone()
+
+        def ring(name=name, dt=dt):
+            got = torch.empty(6, dtype=dt)
+            works = [dist.isend(drawn(name, rank), dst=(rank + 1) % n), dist.irecv(got, src=(rank - 1) % n)]
+            for w in works:
+                w.wait()
+            return got.view(torch.uint8).clone()
+
+        out[name, "broadcast"] = _outcome(bcast)
+        out[name, "all_gather_into_tensor"] = _outcome(gather)
+        out[name, "all_to_all_single"] = _outcome(a2a)
+        out[name, "isend/irecv"] = _outcome(ring)
+        for op in ("SUM", "MAX"):
+            base = 2 ** (8 * torch.empty(0, dtype=dt).element_size() - 1) if name in UNSIGNED else 0
+
+            def reduce(name=name, dt=dt, op=op, base=base):  # MAX near the top of the range: unsigned order
+                if name in BITS:
+                    t = torch.tensor([rank + 1, rank], dtype=torch.uint8).view(dt)
+                else:
+                    t = torch.tensor([rank + 1, base + rank], dtype=dt)
+                dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+                return t.tolist() if name in UNSIGNED else t.view(torch.uint8).clone()
+
+            out[name, op] = _outcome(reduce)
+    x = torch.ones(2)
+    dist.all_reduce(x)  # after every refusal the group still matches
+    out["after"] = x.tolist()
+    return out
 
 
 if __name__ == "__main__":
