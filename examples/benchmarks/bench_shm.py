@@ -5,6 +5,8 @@ Run:  mpiexec -n 4 python examples/benchmarks/bench_shm.py [more hpcdist bench o
 Same as ``mpiexec -n 4 hpcdist bench --ops ... --sizes 4K:64M:4 --ranks 2,4 --table --csv shm.csv``:
 every shared-memory collective at 2 and 4 ranks from 4 KiB to 64 MiB, hpcdist (auto path), forced
 shared memory, raw mpi4py and gloo; ``--table`` prints the selection table's rows from the crossovers.
+Add ``--table-file PATH`` to write them as a table file that ``HPCDIST_SHM_TABLE=PATH`` makes this
+machine's groups use (docs/performance.md, "A table for your machine").
 """
 
 from __future__ import annotations

@@ -549,6 +549,22 @@ def p2p_group_keywords(r: int, n: int) -> Any:
 
 
 @scenario
+def p2p_dtypes_numpy_lacks(r: int, n: int) -> Any:
+    """float8 and uint16-64 tensors around the ring: gloo moves them point to point (its collectives refuse them),
+    hpcdist as their bits (float8) or natively (uint16-64); the received bytes are compared."""
+    got = []
+    for i, name in enumerate(("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64")):
+        dt = getattr(torch, name)
+        size = torch.empty(0, dtype=dt).element_size()
+        send = torch.arange(8 * size, dtype=torch.uint8).add(16 * r + i).view(dt)
+        recv = torch.zeros(8 * size, dtype=torch.uint8).view(dt)
+        for w in (dist.isend(send, (r + 1) % n), dist.irecv(recv, (r - 1) % n)):
+            w.wait()
+        got.append(recv.view(torch.uint8).clone())
+    return got
+
+
+@scenario
 def batch_ring(r: int, n: int) -> Any:
     send = rank_input(r, (3,))
     got = torch.zeros(3)
