@@ -34,6 +34,7 @@ __all__ = [
     "overlaps",
     "register_adapter",
     "tensor_array",
+    "torch_bits",
 ]
 
 
@@ -355,15 +356,23 @@ def _torch(obj: Any, argname: str, write: bool) -> Buf:
 _BITS_VIEW = {1: ("int8", np.uint8), 2: ("int16", np.uint16), 4: ("int32", np.uint32), 8: ("int64", np.uint64)}
 
 
-def _bits(t: Any, tdtype: Any, argname: str) -> np.ndarray:
-    """A NumPy view of the bits of a tensor of a dtype hpcdist moves but never reduces (:data:`BITS_ONLY`),
-    as unsigned integers of its element size; TypeError naming ``argname`` for any other dtype NumPy lacks."""
-    name = str(tdtype).removeprefix("torch.")
-    view = _BITS_VIEW.get(t.element_size()) if name in BITS_ONLY else None
+def torch_bits(t: Any) -> np.ndarray | None:
+    """A NumPy view of the bits of a CPU tensor of a dtype NumPy lacks that hpcdist moves as bits
+    (:data:`~hpcdist.ops.BITS_ONLY`: float8, float4_e2m1fn_x2, complex32), as unsigned integers of its element
+    size (the tensor's strides kept); None for any other tensor."""
+    view = _BITS_VIEW.get(t.element_size()) if str(t.dtype).removeprefix("torch.") in BITS_ONLY else None
     if view is None:
-        raise TypeError(f"{argname} has dtype {tdtype}, which hpcdist cannot communicate; {_EXPECTED}") from None
+        return None
     torch = sys.modules["torch"]
     return t.view(getattr(torch, view[0])).numpy().view(view[1])  # type: ignore[no-any-return]
+
+
+def _bits(t: Any, tdtype: Any, argname: str) -> np.ndarray:
+    """:func:`torch_bits`, or TypeError naming ``argname`` for any other dtype NumPy lacks."""
+    arr = torch_bits(t)
+    if arr is None:
+        raise TypeError(f"{argname} has dtype {tdtype}, which hpcdist cannot communicate; {_EXPECTED}") from None
+    return arr
 
 
 def _device_message(obj: Any, argname: str) -> str:

@@ -4,7 +4,9 @@ One registry entry per array kind (NumPy, torch, CuPy): a test for the kind,
 ``to_host`` (a C-contiguous NumPy array in a dtype HDF5 stores, plus the
 logical dtype name) and ``fill`` (copy a host array into the target in place).
 bfloat16 (torch's, or ml_dtypes' NumPy dtype) is stored as uint16 with the
-logical name ``"bfloat16"`` in the metadata and the dataset's attributes.
+logical name ``"bfloat16"`` in the metadata and the dataset's attributes;
+torch's float8 dtypes, float4_e2m1fn_x2 and complex32 (which NumPy lacks) as
+their bits, unsigned integers of their element size, with their logical name.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from ..buffers.adapters import torch_bits
+from ..ops import BITS_ONLY
 
 __all__ = ["ArrayKind", "find_kind", "is_array", "logical_dtype", "to_host", "fill"]
 
@@ -140,6 +145,8 @@ def _torch_dtype_name(t: Any) -> str:
     if t.dtype == torch.bfloat16:
         return "bfloat16"
     name = str(t.dtype).replace("torch.", "")
+    if name in BITS_ONLY:
+        return name
     try:
         return _np_dtype_name(np.dtype(name))
     except TypeError:
@@ -157,6 +164,9 @@ def _torch_to_host(t: Any, copy: bool) -> tuple[np.ndarray, str]:
         host = t.clone(memory_format=torch.contiguous_format) if copy else t.contiguous()
     if host.dtype == torch.bfloat16:
         return host.view(torch.int16).numpy().view(np.uint16), name
+    bits = torch_bits(host)
+    if bits is not None:
+        return bits, name
     return host.resolve_conj().resolve_neg().numpy(), name
 
 
@@ -164,8 +174,8 @@ def _torch_fill(target: Any, host: np.ndarray) -> None:
     import torch
 
     src = torch.from_numpy(_c_order(host))
-    if target.dtype == torch.bfloat16:
-        src = src.view(torch.bfloat16)
+    if target.dtype == torch.bfloat16 or str(target.dtype).removeprefix("torch.") in BITS_ONLY:
+        src = src.view(target.dtype)  # the stored bits (uint16, or unsigned of the element size) as the dtype
     with torch.no_grad():
         target.copy_(src)
 
