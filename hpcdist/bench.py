@@ -585,9 +585,10 @@ def _header() -> str:
     from mpi4py import MPI
 
     from ._version import __version__
-    from .backends.shm.table import active
+    from .backends.shm.table import BUILTIN, active
+    from .config import shm_mode
 
-    sel = active()
+    sel = active() if shm_mode() == "auto" else BUILTIN  # the file is read (and checked) only where it applies
     return (
         f"# hpcdist bench: hpcdist {__version__}, mpi4py {__import__('mpi4py').__version__}, "
         f"{MPI.Get_library_version().splitlines()[0].strip()}, NumPy {np.__version__}, Python "
@@ -731,8 +732,10 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.plot and set(ops) == {"barrier"}:
         raise ValueError(f"--plot: barrier has no sizes to plot; add another operation to --ops, got {args.ops!r}")
     from .backends.shm.table import active
+    from .config import shm_mode
 
-    active()  # a wrong HPCDIST_SHM_TABLE: said here, not by every group's first call
+    if shm_mode() == "auto":  # where the table applies, a wrong HPCDIST_SHM_TABLE is said here, before MPI starts
+        active()
 
 
 def _check_launch(args: argparse.Namespace, world: Any) -> str | None:

@@ -6,6 +6,7 @@ Python), and for what the bench writes, crossovers computed by hand from made-up
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
@@ -196,3 +197,14 @@ def test_the_shipped_xeon_table_is_what_its_csv_gives():
     assert want and all(shipped.rows[op] == per for op, per in want.items())
     assert shipped.rows["all_gather"] == want["all_gather_into_tensor"]
     assert shipped.rows["all_reduce"] != table.TABLE["all_reduce"]  # not the VM's: 1 MiB, not 512 KiB
+
+
+def test_the_bench_reads_the_table_only_where_it_applies(tmp_path, monkeypatch):
+    """With HPCDIST_SHM=1 (or 0) no group reads the table, so the bench neither refuses nor names a wrong one."""
+    monkeypatch.setenv("HPCDIST_SHM_TABLE", _file(tmp_path, "{"))
+    monkeypatch.setenv("HPCDIST_SHM", "1")
+    args = argparse.Namespace(sizes="1K", ops="all_reduce", ranks="", plot=None)
+    bench._check_args(args)  # no error: the table does not apply
+    monkeypatch.setenv("HPCDIST_SHM", "auto")
+    with pytest.raises(ValueError, match="HPCDIST_SHM_TABLE="):
+        bench._check_args(args)
