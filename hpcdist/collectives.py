@@ -39,7 +39,7 @@ from .group import ProcessGroup, group_rank, resolve_group
 from .ops import CACHE as _OP_CACHE
 from .ops import NUMBERS as _NUMBERS
 from .ops import RedOpType, resolve_op, supports_complex
-from .work import Work, finish_orphans, pending_orphans
+from .work import Work, completed_work, finish_orphans, pending_orphans
 
 _ndarray = np.ndarray
 
@@ -226,7 +226,8 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
     """Reduce ``tensor`` over the group in place: every rank ends with the result.
 
     Every rank passes an array of the same dtype and size. float16/bfloat16
-    are reduced in float32 and rounded once.
+    are reduced in float32 and rounded once. A torch sparse COO tensor is
+    summed as gloo does (``ReduceOp.SUM`` only; the coalesced sum in place).
 
     Args:
         tensor: the input and output of the reduction (written in place on every rank).
@@ -256,7 +257,12 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
                 if entry is not None:
                     entry[END] = True
                 return None
-    buf = adapt(tensor, "tensor", True)
+    try:
+        buf = adapt(tensor, "tensor", True)
+    except TypeError:
+        if getattr(tensor, "is_sparse", False) is True:  # a sparse COO tensor: summed as gloo does
+            return _all_reduce_sparse(tensor, op, pg, async_op)
+        raise
     dtype = buf.dtype
     try:
         rop = _OP_CACHE.get((op, dtype)) or resolve_op(op, dtype)
@@ -279,6 +285,15 @@ def all_reduce(tensor: Any, op: Any = SUM, group: Any = None, async_op: bool = F
     if entry is not None:
         entry[END] = True
     return None
+
+
+def _all_reduce_sparse(tensor: Any, op: Any, pg: ProcessGroup, async_op: bool) -> Work | None:
+    """A torch sparse COO tensor: every rank's entries summed into it, as gloo does (SUM only; blocking, an
+    ``async_op`` call gets a completed Work). :func:`hpcdist.torch.sparse.all_reduce_sparse`."""
+    from .torch.sparse import all_reduce_sparse
+
+    all_reduce_sparse([tensor], op, pg, "all_reduce")
+    return completed_work(("all_reduce", pg), [tensor]) if async_op else None
 
 
 def _all_reduce_entry(pg: ProcessGroup, buf: Buf, rop: Any, async_op: bool) -> list[Any] | None:

@@ -20,20 +20,28 @@ from ..ops import RedOpType
 __all__ = ["all_reduce_sparse"]
 
 
-def all_reduce_sparse(tensors: list[Any], op: Any, group: Any) -> None:
-    """Sum each sparse tensor of ``tensors`` over ``group``, in place (blocking; collective over the group)."""
+def all_reduce_sparse(tensors: list[Any], op: Any, group: Any, who: str = "hpcdist backend: all_reduce") -> None:
+    """Sum each sparse tensor of ``tensors`` over ``group``, in place (blocking; collective over the group).
+
+    ``who`` begins the argument errors (the backend's call, or the facade's ``all_reduce``); they are raised
+    before any message moves."""
     kind = getattr(op, "op", op)  # torch's ReduceOp object, or its RedOpType
-    if int(kind) != int(RedOpType.SUM):
+    try:
+        summing = type(kind) is not bool and int(kind) == int(RedOpType.SUM)
+    except (TypeError, ValueError):  # a PREMUL_SUM object, or no op at all
+        summing = False
+    if not summing:
         raise ValueError(
-            f"hpcdist backend: all_reduce of a sparse tensor supports ReduceOp.SUM only (as gloo does), got {kind}; "
+            f"{who} of a sparse tensor supports ReduceOp.SUM only (as gloo does), got {kind!r}; "
             "reduce t.to_dense() for other operations"
         )
     for t in tensors:
         if t.layout is not torch.sparse_coo:
             raise TypeError(
-                f"hpcdist backend: all_reduce: a list mixing sparse and dense tensors was given ({t.layout}); "
+                f"{who}: a list mixing sparse and dense tensors was given ({t.layout}); "
                 "reduce sparse and dense tensors in separate calls"
             )
+    for t in tensors:
         _one(t, group)
 
 

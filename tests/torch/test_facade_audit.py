@@ -297,6 +297,15 @@ def ops_complex(r: int, n: int) -> Any:
 
 
 @scenario
+def all_reduce_sparse_coo(r: int, n: int) -> Any:
+    """A sparse COO tensor (rows shared between ranks, one twice: uncoalesced) summed in place, as gloo does."""
+    rows = torch.tensor([[0, r % 4, (r + 1) % 4, r % 4]])
+    t = torch.sparse_coo_tensor(rows, rank_input(r, (4, 2)), (4, 2))
+    dist.all_reduce(t)
+    return [t.to_dense(), t.is_sparse, t.is_coalesced(), t._nnz()]
+
+
+@scenario
 def op_avg_float(r: int, n: int) -> Any:
     return {
         str(dt): _reduce_all(["AVG"], lambda r, dt=dt: rank_input(r, (3,), dt)) for dt in (torch.float32, torch.float16)
