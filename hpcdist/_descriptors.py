@@ -39,7 +39,16 @@ try:
 except ImportError:  # pragma: no cover - not POSIX
     resource = None  # type: ignore[assignment]
 
-__all__ = ["LISTEN_BACKLOG", "UNLIMITED", "accept", "keepalive", "limits", "limits_text", "more_descriptors"]
+__all__ = [
+    "LISTEN_BACKLOG",
+    "UNLIMITED",
+    "accept",
+    "at_least",
+    "keepalive",
+    "limits",
+    "limits_text",
+    "more_descriptors",
+]
 
 #: what :func:`limits` gives for no limit (``resource.RLIM_INFINITY``)
 UNLIMITED: int = -1 if resource is None else resource.RLIM_INFINITY
@@ -63,13 +72,23 @@ def more_descriptors() -> tuple[int, int] | None:
     one (or the platform has no such limit, or the kernel refuses).
     """
     now = limits()
+    if now is None or now[0] == UNLIMITED:  # no limit to raise (or not POSIX)
+        return None
+    return at_least(max(2 * now[0], now[0] + 64))
+
+
+def at_least(need: int) -> tuple[int, int] | None:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to ``need`` where it is lower, up to its hard limit (never
+    lowering it). Returns ``(old, new)``, or None where nothing changed (already enough, at the hard limit, no
+    such limit, or the kernel refuses). Child processes inherit the new limit."""
+    now = limits()
     if now is None:  # pragma: no cover - not POSIX
         return None
     soft, hard = now
     cap = _CAP if hard == UNLIMITED else min(hard, _CAP)
-    if soft == UNLIMITED or soft >= cap:
+    new = min(cap, need)
+    if soft == UNLIMITED or soft >= new:
         return None
-    new = min(cap, max(2 * soft, soft + 64))
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
     except (ValueError, OSError):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcdist._descriptors import UNLIMITED, at_least, limits
 from hpcdist._launchenv import free_port
 from hpcdist._ranklist import ranks_text
 from hpcdist.config import parse_number
@@ -469,6 +470,29 @@ def _sweep_left_records(parent: str) -> None:
                 pass
 
 
+#: descriptors a launcher holds per rank it starts on its host, with room to spare: Hydra's proxy keeps the
+#: rank's stdio pipes and its PMI socket, about 4 (measured: ``mpiexec -n 16`` failed under a soft limit of 64 and
+#: ``-n 32`` under 128, "HYDU_create_process ... pipe error (Too many open files)"), so the common soft limit of
+#: 1024 stopped a one-node job near 250 ranks
+FDS_PER_RANK = 8
+FDS_BASE = 256
+
+
+def _enough_descriptors(nprocs: int) -> None:
+    """Raise this process's soft open-file limit (the launcher inherits it) to what ``nprocs`` ranks on one host
+    need, within the hard limit; where the hard limit is lower, say so (the launcher's own error is obscure)."""
+    need = FDS_BASE + FDS_PER_RANK * nprocs
+    at_least(need)
+    now = limits()
+    if now is not None and now[0] != UNLIMITED and now[0] < need:
+        print(
+            f"hpcdist run: note: {nprocs} ranks on one host may need about {need} open files in the launcher, "
+            f"above this process's hard limit ({now[1]}); if the launcher fails with 'Too many open files', "
+            "raise the hard limit (ulimit -Hn, LimitNOFILE, limits.conf) or spread the ranks over more hosts",
+            file=sys.stderr,
+        )
+
+
 def execute(opts: RunOptions, env: Mapping[str, str] | None = None) -> int:
     """Launch the job; return the exit status for ``hpcdist run``."""
     env = os.environ if env is None else env
@@ -481,6 +505,7 @@ def execute(opts: RunOptions, env: Mapping[str, str] | None = None) -> int:
         _sweep_left_records(parent)
     with tempfile.TemporaryDirectory(prefix=_status_prefix(), dir=parent) as status_dir:
         cmd, child_env = build_command(opts, env, status_dir)
+        _enough_descriptors(opts.nprocs)
         try:
             proc = subprocess.Popen(cmd, env=child_env)
         except OSError as exc:

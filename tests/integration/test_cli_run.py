@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from mpirun import Result, hpcdist_cli
+from mpirun import Result, hpcdist_cli, run_within
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 90  # seconds for one launched job
@@ -327,3 +328,30 @@ def test_info_under_mpiexec_sees_the_launcher():
         timeout=45,
     )
     assert json.loads(proc.stdout)["launcher"]["detected"] in ("mpiexec", "intelmpi", "openmpi")
+
+
+@pytest.mark.timeout(150)
+def test_run_gives_the_launcher_the_descriptors_its_ranks_need(tmp_path):
+    """Under a soft open-file limit of 48, Hydra's mpiexec failed to start 12 ranks ("pipe error (Too many open
+    files)": about 4 descriptors per rank); hpcdist run raises the soft limit within the hard one first."""
+    script = write(tmp_path, "up.py", "import os\nos.write(1, b'up' + os.environ['RANK'].encode() + bytes([10]))\n")
+    cmd = f"ulimit -Sn 48 && exec {shlex.quote(sys.executable)} -m hpcdist run -n 12 {shlex.quote(script)}"
+    proc = run_within(["bash", "-c", cmd], _cli_env(), 120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(proc.stdout.split()) == sorted(f"up{r}" for r in range(12))
+
+
+@pytest.mark.timeout(150)
+def test_run_names_a_hard_open_file_limit_below_what_its_ranks_need(tmp_path):
+    script = write(tmp_path, "up.py", "print('up')\n")
+    cmd = f"ulimit -n 48 && exec {shlex.quote(sys.executable)} -m hpcdist run -n 12 {shlex.quote(script)}"
+    proc = run_within(["bash", "-c", cmd], _cli_env(), 120, cwd=tmp_path)
+    assert "12 ranks on one host may need about 352 open files" in proc.stderr and "ulimit -Hn" in proc.stderr
+    assert proc.returncode != 0  # the launcher could not start them all
+
+
+def _cli_env() -> dict[str, str]:
+    """The environment :func:`hpcdist_cli` gives ``python -m hpcdist`` (this tree's hpcdist, outside Slurm)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("SLURM_JOB_ID", None)
+    return env

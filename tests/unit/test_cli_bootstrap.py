@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -151,3 +154,21 @@ def test_the_wardens_words_for_how_a_rank_ended(status, said):
     from hpcdist.launch._bootstrap import _death
 
     assert _death(status) == said
+
+
+def test_at_least_raises_the_soft_open_file_limit_within_the_hard_one():
+    """``_descriptors.at_least`` (hpcdist run's launcher inherits what it sets): it raises, never lowers, and stops
+    at the hard limit. Run in a child process: the limits are the process's."""
+    code = textwrap.dedent(
+        """
+        import resource
+        from hpcdist._descriptors import at_least
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        top = 1 << 20 if hard == resource.RLIM_INFINITY else min(hard, 1 << 20)  # the kernel's default nr_open cap
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+        print(at_least(100), at_least(80), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        print(at_least(top + 1000) == (100, top), resource.getrlimit(resource.RLIMIT_NOFILE)[0] == top)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split("\n")[:2] == ["(64, 100) None 100", "True True"], out.stdout + out.stderr
