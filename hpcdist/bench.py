@@ -585,17 +585,15 @@ def _header() -> str:
     from mpi4py import MPI
 
     from ._version import __version__
-    from .backends.shm.table import BUILTIN, active
+    from .backends.shm.table import active
     from .config import shm_mode
 
-    sel = active() if shm_mode() == "auto" else BUILTIN  # the file is read (and checked) only where it applies
     return (
         f"# hpcdist bench: hpcdist {__version__}, mpi4py {__import__('mpi4py').__version__}, "
         f"{MPI.Get_library_version().splitlines()[0].strip()}, NumPy {np.__version__}, Python "
         f"{platform.python_version()}\n# host {socket.gethostname()}, {os.cpu_count()} cpus, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {os.getloadavg()[0]:.1f}; "
-        f"HPCDIST_SHM={os.environ.get('HPCDIST_SHM', 'auto')}; selection table from: {sel.machine}, {sel.date}"
-        + ("" if sel.source == "built in" else f" ({sel.source})")
+        f"HPCDIST_SHM={os.environ.get('HPCDIST_SHM', 'auto')}; selection table from: {active(shm_mode()).label()}"
     )
 
 
@@ -734,8 +732,7 @@ def _check_args(args: argparse.Namespace) -> None:
     from .backends.shm.table import active
     from .config import shm_mode
 
-    if shm_mode() == "auto":  # where the table applies, a wrong HPCDIST_SHM_TABLE is said here, before MPI starts
-        active()
+    active(shm_mode())  # where the table applies, a wrong HPCDIST_SHM_TABLE is said here, before MPI starts
 
 
 def _check_launch(args: argparse.Namespace, world: Any) -> str | None:

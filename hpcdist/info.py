@@ -272,11 +272,11 @@ def _shared_memory() -> dict[str, Any]:
         else "allocations work; every collective takes MPI (HPCDIST_SHM=0)"
     )
     try:
-        sel = table.active() if mode == "auto" else table.BUILTIN
+        sel = table.active(mode)
     except ValueError as exc:
         out["table"] = f"{exc}; groups built now raise this"
         return out
-    out["table"] = f"{sel.machine}; {sel.date}" + ("" if sel is table.BUILTIN else f" (HPCDIST_SHM_TABLE={sel.source})")
+    out["table"] = sel.label()
     out["paths"] = {
         op: "; ".join(f"{k} ranks: {table.describe(op, k, mode, rows=sel.rows)}" for k in (2, 4)) for op in table.OPS
     }

@@ -338,8 +338,8 @@ def _torch(obj: Any, argname: str, write: bool) -> Buf:
     if dtype is None:  # first tensor of this dtype: check it once (NumPy's dtype.name costs µs per call)
         if tdtype is torch.bfloat16:
             dtype = "bfloat16"
-        elif str(tdtype).removeprefix("torch.") in BITS_ONLY:  # its bits travel (torch_bits), its name stays
-            dtype = str(tdtype).removeprefix("torch.")
+        elif (name := str(tdtype).removeprefix("torch.")) in BITS_ONLY:
+            dtype = name  # its bits travel (torch_bits), its name stays
         else:
             _check_dtype(arr, argname)
             dtype = arr.dtype.name

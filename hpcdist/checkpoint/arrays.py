@@ -174,8 +174,8 @@ def _torch_fill(target: Any, host: np.ndarray) -> None:
     import torch
 
     src = torch.from_numpy(_c_order(host))
-    if target.dtype == torch.bfloat16 or str(target.dtype).removeprefix("torch.") in BITS_ONLY:
-        src = src.view(target.dtype)  # the stored bits (uint16, or unsigned of the element size) as the dtype
+    if src.dtype != target.dtype:  # bfloat16, float8, ...: stored as their bits (the dtypes were checked equal)
+        src = src.view(target.dtype)
     with torch.no_grad():
         target.copy_(src)
 

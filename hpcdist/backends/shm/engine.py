@@ -154,7 +154,7 @@ class ShmEngine(MPIEngine):
         self.slot_bytes = max(slot_bytes or config.shm_slot_bytes(), -(-16 * pg._size // 64) * 64)
         self.oversubscribed = oversubscribed_node()
         #: the selection table (HPCDIST_SHM_TABLE's file, else the built-in one; read only where it applies)
-        self.selection = table.active() if mode == "auto" else table.BUILTIN
+        self.selection = table.active(mode)
         rows = self.selection.rows
         self.windows = {op: table.window(op, pg._size, mode, self.oversubscribed, rows) for op in table.OPS}
         self._ar_lo, self._ar_hi = self.windows["all_reduce"]

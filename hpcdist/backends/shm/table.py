@@ -95,8 +95,16 @@ class Selection(NamedTuple):
     date: str
     source: str
 
+    def label(self) -> str:
+        """Where the table came from, in words (``hpcdist info``, ``hpcdist bench``'s header)."""
+        where = "" if self.source == BUILTIN_SOURCE else f" (HPCDIST_SHM_TABLE={self.source})"
+        return f"{self.machine}; {self.date}{where}"
 
-BUILTIN = Selection(TABLE, MACHINE, DATE, "built in")
+
+BUILTIN_SOURCE = "built in"
+
+
+BUILTIN = Selection(TABLE, MACHINE, DATE, BUILTIN_SOURCE)
 
 #: the ``format`` of a table file (``hpcdist bench --table-file``)
 FORMAT = "hpcdist-shm-table/1"
@@ -105,12 +113,13 @@ FORMAT = "hpcdist-shm-table/1"
 _LOADED: dict[str, tuple[tuple[int, int], Selection]] = {}
 
 
-def active() -> Selection:
-    """The table that groups built now use: ``HPCDIST_SHM_TABLE``'s file (read once per change of it), else
-    :data:`BUILTIN`. ValueError (naming the variable and the file) for a file that is missing or wrong."""
+def active(mode: str = "auto") -> Selection:
+    """The table that groups built now in ``mode`` (``HPCDIST_SHM``'s) use: in ``auto``, ``HPCDIST_SHM_TABLE``'s
+    file (read once per change of it); elsewhere, or without the variable, :data:`BUILTIN` (the file is read, and
+    checked, only where it applies). ValueError (naming the variable and the file) for a file missing or wrong."""
     from ... import config
 
-    path = config.shm_table_path()
+    path = config.shm_table_path() if mode == "auto" else None
     if path is None:
         return BUILTIN
     try:
